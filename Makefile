@@ -23,8 +23,12 @@ $(STAMP): pyproject.toml
 venv: $(STAMP) ## Create .venv with the project and its extras
 
 .PHONY: test
-test: $(STAMP) ## Run every test (unit, then integration on the real local control plane)
-	$(BIN)/python -m pytest tests/unit
+test: $(STAMP) ## Run every test (unit, worker, integration on the real local control plane)
+	$(BIN)/python -m pytest tests
+
+.PHONY: bench
+bench: $(STAMP) ## Run the benchmarks (each prints ratios measured in one run)
+	$(BIN)/python bench/run_all.py
 
 .PHONY: lint
 lint: $(STAMP) ## ruff (lint + format check), mypy --strict, import-linter

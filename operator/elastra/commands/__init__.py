@@ -1,0 +1,1 @@
+"""One module per ``elastra`` subcommand; each has ``register(subparsers)``."""
