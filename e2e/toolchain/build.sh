@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# Build the Kubernetes test toolchain from the official Go modules into a per-user cache.
+#
+# Why: these machines reach the Go module proxy but no image registry or download site, so
+# etcd, the control plane, kubectl, kubelet, kube-proxy, kwok and helm are compiled from their
+# published modules. The wrapper modules beside this script (kubernetes/, etcd/, kwok/, helm/)
+# pin every version in their go.mod/go.sum; the cache key is a hash of those files, RECIPE below
+# and the Go version, so a warm machine skips the build in about a second and a pin change
+# builds into a fresh folder.
+#
+#   e2e/toolchain/build.sh                 build if needed, then print the bin dir last
+#   e2e/toolchain/build.sh --print-bindir  print the bin dir (built or not) and exit
+#   e2e/toolchain/build.sh --check         exit 0 when the cache is warm, 1 when not
+#
+# Cache: ${ELASTRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elastra}/toolchain/<key>/bin
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+MODULES=(kubernetes etcd kwok helm)
+CACHE_ROOT="${ELASTRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elastra}/toolchain"
+# Bump when the build flags or the set of binaries change, so caches built the old way are not
+# reused (editing comments or messages here does not invalidate the cache).
+RECIPE=1
+MIN_FREE_GIB=8   # a cold build fills ~2 GiB of modules and ~4 GiB of Go build cache
+
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
+
+say() { printf 'toolchain: %s\n' "$*" >&2; }
+die() { printf 'toolchain: error: %s\n' "$*" >&2; exit 1; }
+
+need_go() {
+  command -v go >/dev/null 2>&1 ||
+    die "'go' is not on PATH. Install Go >= 1.26 (Debian: a golang package that new, or the Go tarball) and retry."
+  local have want
+  have="$(go env GOVERSION)"          # e.g. go1.26.8
+  want="$(sed -n 's/^go \([0-9.]*\).*/\1/p' "$HERE/kubernetes/go.mod")"
+  if [[ "$(printf '%s\n%s\n' "go$want" "$have" | sort -V | head -1)" != "go$want" ]]; then
+    die "Go $have is older than go$want, which the pinned Kubernetes needs (GOTOOLCHAIN=local: no automatic download). Install a newer Go."
+  fi
+}
+
+# The key changes whenever a pin, the recipe or the compiler changes.
+cache_key() {
+  local k8s hash
+  k8s="$(sed -n 's/^require k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p; s/^\tk8s.io\/kubernetes \(v[0-9.]*\).*/\1/p' \
+    "$HERE/kubernetes/go.mod" | head -1)"
+  [[ -n "$k8s" ]] || die "cannot read the k8s.io/kubernetes version from $HERE/kubernetes/go.mod"
+  hash="$( { go env GOVERSION; echo "recipe=$RECIPE";
+             for m in "${MODULES[@]}"; do cat "$HERE/$m/go.mod" "$HERE/$m/go.sum"; done; } |
+           sha256sum | cut -c1-12)"
+  printf 'k8s-%s-%s' "$k8s" "$hash"
+}
+
+modversion() {  # modversion DIR MODULE -> version selected in that wrapper module
+  (cd "$HERE/$1" && go list -m -f '{{.Version}}' "$2")
+}
+
+tools_of() {  # the tool directives of a wrapper module
+  (cd "$HERE/$1" && go mod edit -json | python3 -c \
+    'import json,sys; print(" ".join(t["Path"] for t in json.load(sys.stdin).get("Tool") or []))')
+}
+
+ldflags_for() {
+  local m="$1" v major minor
+  case "$m" in
+    kubernetes)
+      v="$(modversion kubernetes k8s.io/kubernetes)"
+      major="${v#v}"; major="${major%%.*}"
+      minor="$(cut -d. -f2 <<<"$v")"
+      local f=""
+      for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        f+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+        f+=" -X $pkg.gitTreeState=clean"
+      done
+      printf '%s' "$f" ;;
+    etcd)
+      v="$(modversion etcd go.etcd.io/etcd/server/v3)"
+      printf ' -X go.etcd.io/etcd/api/v3/version.GitSHA=module-%s' "$v" ;;
+    kwok)
+      v="$(modversion kwok sigs.k8s.io/kwok)"
+      printf ' -X sigs.k8s.io/kwok/pkg/consts.Version=%s' "${v#v}" ;;
+    helm)
+      v="$(modversion helm helm.sh/helm/v3)"
+      minor="$(modversion helm k8s.io/client-go | cut -d. -f2)"
+      printf ' -X helm.sh/helm/v3/internal/version.version=%s' "$v"
+      printf ' -X helm.sh/helm/v3/internal/version.gitTreeState=clean'
+      for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+        printf ' -X %s.k8sVersionMajor=1 -X %s.k8sVersionMinor=%s' "$pkg" "$pkg" "$minor"
+      done ;;
+  esac
+}
+
+check_disk() {
+  local dir free_kib
+  for dir in "$CACHE_ROOT" "$(go env GOMODCACHE)" "$(go env GOCACHE)"; do
+    mkdir -p "$dir"
+    free_kib="$(df -Pk "$dir" | awk 'NR==2 {print $4}')"
+    if (( free_kib < MIN_FREE_GIB * 1024 * 1024 )); then
+      die "only $((free_kib / 1024 / 1024)) GiB free under $dir; a cold build needs about ${MIN_FREE_GIB} GiB. Free some disk (e.g. 'go clean -cache') or point ELASTRA_CACHE/GOCACHE elsewhere."
+    fi
+  done
+}
+
+explain_failure() {  # explain_failure LOG WHAT
+  local log="$1" what="$2"
+  if grep -q 'no space left on device' "$log"; then
+    die "$what failed: the disk is full (see $log). Free space or set ELASTRA_CACHE/GOCACHE to a bigger disk."
+  elif grep -Eq 'dial tcp|lookup .*(no such host|server misbehaving)|proxyconnect|i/o timeout|TLS handshake|connection refused' "$log"; then
+    die "$what failed: the Go module proxy ($(go env GOPROXY)) is unreachable (see $log). Check the network or GOPROXY, then retry."
+  fi
+  tail -n 20 "$log" >&2
+  die "$what failed; full log: $log"
+}
+
+# Prints a heartbeat while a long step runs, so a cold build never looks hung.
+with_heartbeat() {  # with_heartbeat LOG LABEL CMD...
+  local log="$1" label="$2" start=$SECONDS pid rc=0
+  shift 2
+  "$@" >>"$log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    kill -0 "$pid" 2>/dev/null &&
+      say "  ... $label: $((SECONDS - start))s, $(grep -c '' "$log") log lines"
+  done
+  wait "$pid" || rc=$?
+  return "$rc"
+}
+
+build() {
+  local key="$1" dest="$CACHE_ROOT/$1" stage log started=$SECONDS
+  check_disk
+  stage="$CACHE_ROOT/.build-$key-$$"
+  rm -rf "$stage"; mkdir -p "$stage/bin"
+  log="$stage/build.log"
+  trap 'rm -rf "$stage"' EXIT
+  say "cold cache: building into $dest (log: $log; 20-30 min on 2 cores)"
+  local i=0 m
+  for m in "${MODULES[@]}"; do
+    i=$((i + 1))
+    say "[$i/${#MODULES[@]}] $m: downloading modules"
+    (cd "$HERE/$m" && with_heartbeat "$log" "$m download" go mod download) ||
+      explain_failure "$log" "downloading the $m modules"
+    local flags tools t
+    flags="-s -w$(ldflags_for "$m")"
+    read -r -a tools <<<"$(tools_of "$m")"
+    for t in "${tools[@]}"; do
+      say "[$i/${#MODULES[@]}] $m: go build $(basename "$t")"
+      (cd "$HERE/$m" && with_heartbeat "$log" "$(basename "$t")" \
+        go build -v -p 2 -trimpath -ldflags "$flags" -o "$stage/bin/" "$t") ||
+        explain_failure "$log" "building $t"
+    done
+  done
+  # etcd's main package is go.etcd.io/etcd/server/v3, which go build names "server".
+  mv "$stage/bin/server" "$stage/bin/etcd"
+  "$stage/bin/kube-apiserver" --version >>"$log" 2>&1 || explain_failure "$log" "kube-apiserver --version"
+  {
+    echo "key=$key"; echo "go=$(go env GOVERSION)"; echo "built=$(date -u +%FT%TZ)"
+    echo "seconds=$((SECONDS - started))"
+    for m in "${MODULES[@]}"; do
+      case "$m" in
+        kubernetes) echo "kubernetes=$(modversion kubernetes k8s.io/kubernetes)" ;;
+        etcd) echo "etcd=$(modversion etcd go.etcd.io/etcd/server/v3)" ;;
+        kwok) echo "kwok=$(modversion kwok sigs.k8s.io/kwok)" ;;
+        helm) echo "helm=$(modversion helm helm.sh/helm/v3)" ;;
+      esac
+    done
+  } >"$stage/MANIFEST"
+  rm -rf "$dest"
+  mv "$stage" "$dest"
+  trap - EXIT
+  say "built in $((SECONDS - started))s: $(ls "$dest/bin" | tr '\n' ' ')"
+}
+
+main() {
+  local mode="build"
+  case "${1:-}" in
+    --print-bindir) mode="print" ;;
+    --check) mode="check" ;;
+    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    "") ;;
+    *) die "unknown option '$1' (try --help)" ;;
+  esac
+  need_go
+  local key bindir
+  key="$(cache_key)"
+  bindir="$CACHE_ROOT/$key/bin"
+  case "$mode" in
+    print) echo "$bindir"; return ;;
+    check) [[ -f "$CACHE_ROOT/$key/MANIFEST" ]]; return ;;
+  esac
+  mkdir -p "$CACHE_ROOT"
+  # One build at a time per cache (two checkouts, or make -j, may call this together).
+  exec 9>"$CACHE_ROOT/.lock"
+  if ! flock -n 9; then
+    say "another build holds $CACHE_ROOT/.lock; waiting for it"
+    flock 9
+  fi
+  if [[ -f "$CACHE_ROOT/$key/MANIFEST" ]]; then
+    say "warm cache: $bindir"
+  else
+    build "$key"
+  fi
+  echo "$bindir"
+}
+
+main "$@"
