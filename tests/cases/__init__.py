@@ -1,0 +1,1 @@
+"""Case tables shared by the unit tests (pydantic) and the integration tests (API server)."""
