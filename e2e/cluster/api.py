@@ -1,0 +1,121 @@
+"""A tiny HTTPS client for the local API server, and waiting with deadlines.
+
+Why: bringing the cluster up needs a handful of calls (readiness, listing nodes, creating
+objects in bulk) before any Kubernetes client library can be assumed, and this package must
+not depend on the operator's. Requests authenticate with a client certificate; every wait is
+a poll against a deadline that says what it was waiting for when it gives up.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class WaitTimeoutError(TimeoutError):
+    """A condition did not hold before its deadline."""
+
+
+def wait_for(
+    what: str,
+    probe: Callable[[], T | None],
+    *,
+    timeout: float,
+    interval: float = 0.1,
+    hint: Callable[[], str] | None = None,
+) -> T:
+    """Poll probe until it returns something other than None/False; raise after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result is not None and result is not False:
+            return result
+        if time.monotonic() >= deadline:
+            extra = f": {hint()}" if hint else ""
+            raise WaitTimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
+        time.sleep(interval)
+
+
+@dataclass(frozen=True)
+class ApiError(Exception):
+    status: int
+    body: str
+
+    def __str__(self) -> str:
+        return f"HTTP {self.status}: {self.body[:500]}"
+
+
+class Api:
+    """Authenticated requests to https://127.0.0.1:<port>."""
+
+    def __init__(self, server: str, *, ca: Path, cert: Path | None, key: Path | None) -> None:
+        self.server = server.rstrip("/")
+        self._ctx = ssl.create_default_context(cafile=str(ca))
+        if cert and key:
+            self._ctx.load_cert_chain(str(cert), str(key))
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        timeout: float = 30.0,
+    ) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.server + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        req.add_header("Accept", "application/json")
+        try:
+            with urllib.request.urlopen(req, context=self._ctx, timeout=timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as err:
+            raise ApiError(err.code, err.read().decode(errors="replace")) from None
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw.decode(errors="replace")
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)
+
+    def healthy(self, path: str = "/readyz") -> bool:
+        """True when the endpoint answers 200 (connection errors count as not yet)."""
+        try:
+            self.request("GET", path, timeout=3.0)
+        except (ApiError, OSError):
+            return False
+        return True
+
+
+def probe_https_health(url: str, *, timeout: float = 2.0) -> bool:
+    """GET a component's /healthz on its self-signed serving cert (loopback only)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def probe_http_health(url: str, *, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
