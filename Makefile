@@ -29,9 +29,28 @@ demo: ## Bring up a local cluster and run an elastic job end to end (not yet: sa
 	@exit 1
 
 .PHONY: test
-test: $(STAMP) ## Run every test (unit, worker, integration on the real local control plane)
+test: $(STAMP) toolchain ## Run every test (unit, worker, integration on the real local control plane)
 	$(BIN)/python -m pytest tests; status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "make test: no tests collected"; status=0; fi; exit $$status
+
+FLEET ?= hetero-small
+CLUSTER_PY = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+
+.PHONY: toolchain
+toolchain: ## Build (or reuse from cache) etcd, kube-*, kubectl, kubelet, kwok, helm from Go modules
+	@e2e/toolchain/build.sh >/dev/null
+
+.PHONY: cluster-up
+cluster-up: $(STAMP) toolchain ## Start the local control plane + kwok nodes (FLEET=hetero-small)
+	$(BIN)/python -m e2e.cluster up --fleet $(FLEET)
+
+.PHONY: cluster-down
+cluster-down: ## Stop exactly the processes cluster-up started
+	$(CLUSTER_PY) -m e2e.cluster down
+
+.PHONY: fleet
+fleet: $(STAMP) ## Make the running cluster's fake nodes match a fleet: make fleet FLEET=hetero-large
+	$(BIN)/python -m e2e.cluster apply-fleet $(FLEET)
 
 .PHONY: bench
 bench: $(STAMP) ## Run the benchmarks (each prints ratios measured in one run)
