@@ -3,4 +3,24 @@
 It turns the assignment the operator writes into a torch.distributed world, checkpoints and
 reshards across world sizes, and keeps the data order independent of the world size. It never
 imports ``elastra`` and never talks to the Kubernetes API: a worker needs no credentials.
+
+``Session`` (the training-script API) is imported lazily so that the agent, which only starts
+and watches trainers, never pays for importing torch.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .api import Session
+
+__all__ = ["Session"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Session":
+        from .api import Session
+
+        return Session
+    raise AttributeError(name)

@@ -1,0 +1,259 @@
+"""Sharded, verified checkpoints with torch.distributed.checkpoint, resharded on load.
+
+Every rank writes its own shards with DCP (so N ranks save, M ranks load, and FSDP's sharded
+state needs no gathering); the commit protocol of ``layout`` makes the result crash safe and
+verifiable. Hashing is spread over the ranks: each rank hashes the files it wrote while they are
+still in its page cache, and on load each rank re-hashes a share of the files, so a corrupt
+shard is found without one rank reading the whole checkpoint.
+
+All coordination goes through a gloo process group passed in (``group``), so the same code runs
+for CPU (gloo) and GPU (nccl) training, and an asynchronous save can run in a background thread
+on its own group while training continues on the default one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+
+from .layout import (
+    CheckpointError,
+    CheckpointRoot,
+    FileEntry,
+    Manifest,
+    file_owner,
+    sha256_file,
+)
+
+log = logging.getLogger(__name__)
+
+StateDict = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """A committed checkpoint: where, which step, how many bytes, how long the save took."""
+
+    step: int
+    path: Path
+    bytes: int
+    seconds: float
+
+
+def _world(group: dist.ProcessGroup | None) -> tuple[int, int]:
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _all_ok(ok: bool, group: dist.ProcessGroup | None) -> bool:
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
+
+
+def _broadcast(obj: Any, group: dist.ProcessGroup | None) -> Any:
+    box = [obj]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+    return box[0]
+
+
+class Checkpointer:
+    """Collective save/load of a state dict under one job's checkpoint root.
+
+    Every method is collective over ``group`` (a gloo group): all ranks call it together.
+    ``before_commit`` is a test hook that runs on each rank after its shards are written and
+    hashed, before rank 0 commits (fault injection kills a rank there).
+    """
+
+    def __init__(
+        self,
+        root: CheckpointRoot,
+        *,
+        group: dist.ProcessGroup | None,
+        world_version: int,
+        keep: int,
+        thread_count: int = 4,
+        before_commit: Callable[[int], None] | None = None,
+    ) -> None:
+        self.root = root
+        self.group = group
+        self.world_version = world_version
+        self.keep = keep
+        self.thread_count = thread_count
+        self.before_commit = before_commit
+        self._async: threading.Thread | None = None
+        self._async_error: BaseException | None = None
+        self._async_result: SaveResult | None = None
+        self.last_committed_step: int | None = root.latest_step()
+
+    # ---- save -------------------------------------------------------------------------------
+
+    def save(self, state: StateDict, *, step: int, extra: dict[str, Any]) -> SaveResult:
+        """Write ``state`` as the checkpoint of ``step`` and commit it (collective)."""
+        self.wait()
+        return self._save(state, step=step, extra=extra, group=self.group)
+
+    def save_async(
+        self, state: StateDict, *, step: int, extra: dict[str, Any], group: dist.ProcessGroup
+    ) -> None:
+        """Stage ``state`` to CPU memory now; write and commit it in a background thread.
+
+        ``group`` must be a gloo group used by nothing else while the save runs (collectives
+        on one group from two threads would interleave). At most one save is in flight: a
+        second call first waits for the previous one.
+        """
+        self.wait()
+        staged = _stage_to_cpu(state)
+
+        def run() -> None:
+            try:
+                self._async_result = self._save(staged, step=step, extra=extra, group=group)
+            except BaseException as err:  # handed to the training thread by wait()
+                self._async_error = err
+
+        self._async = threading.Thread(target=run, name=f"elastra-ckpt-{step}", daemon=True)
+        self._async.start()
+
+    def wait(self) -> SaveResult | None:
+        """Wait for an asynchronous save in flight; re-raise its error in this thread."""
+        thread, self._async = self._async, None
+        if thread is None:
+            return None
+        thread.join()
+        err, self._async_error = self._async_error, None
+        if err is not None:
+            raise CheckpointError(f"asynchronous checkpoint save failed: {err}") from err
+        return self._async_result
+
+    def _save(
+        self,
+        state: StateDict,
+        *,
+        step: int,
+        extra: dict[str, Any],
+        group: dist.ProcessGroup | None,
+    ) -> SaveResult:
+        t0 = time.perf_counter()
+        rank, world = _world(group)
+        partial = self.root.partial_path(step, self.world_version)
+        if rank == 0:
+            if partial.exists():
+                shutil.rmtree(partial)
+            partial.mkdir(parents=True)
+        dist.barrier(group=group)
+        writer = FileSystemWriter(
+            partial,
+            single_file_per_rank=True,
+            sync_files=True,
+            thread_count=self.thread_count,
+            overwrite=True,
+        )
+        dcp.save(state, storage_writer=writer, process_group=group)
+        names: list[str] = _broadcast(sorted(os.listdir(partial)) if rank == 0 else None, group)
+        mine = [n for i, n in enumerate(names) if file_owner(n, i, world) == rank]
+        entries = _hash_files(partial, mine)
+        gathered: list[dict[str, FileEntry] | None] = [None] * world
+        dist.all_gather_object(gathered, entries, group=group)
+        if self.before_commit is not None:
+            self.before_commit(step)
+        final = self.root.step_path(step)
+        total = 0
+        if rank == 0:
+            files: dict[str, FileEntry] = {}
+            for part in gathered:
+                files.update(part or {})
+            total = sum(e.size for e in files.values())
+            manifest = Manifest(
+                job=self.root.job,
+                step=step,
+                world_size=world,
+                world_version=self.world_version,
+                files=files,
+                extra=extra,
+            )
+            final = self.root.commit(partial, manifest)
+            self.root.prune(self.keep)
+        total = int(_broadcast(total, group))
+        dist.barrier(group=group)  # nobody reports the step committed before it is
+        self.last_committed_step = step
+        return SaveResult(step=step, path=final, bytes=total, seconds=time.perf_counter() - t0)
+
+    # ---- load -------------------------------------------------------------------------------
+
+    def find_loadable(self) -> Manifest | None:
+        """The newest committed checkpoint that verifies on every rank (collective).
+
+        A checkpoint with a missing file, a wrong size or a wrong sha256 is logged and skipped,
+        and the previous one is tried, so a crash or a corrupted shard costs progress, not the
+        job.
+        """
+        rank, world = _world(self.group)
+        candidates: list[int] = _broadcast(self.root.candidates() if rank == 0 else None, self.group)
+        for step in candidates:
+            manifest: Manifest | None = None
+            reason = ""
+            if rank == 0:
+                try:
+                    manifest = self.root.check_structure(step)
+                except CheckpointError as err:
+                    reason = str(err)
+            manifest = _broadcast(manifest, self.group)
+            ok = manifest is not None
+            if manifest is not None:
+                names = sorted(manifest.files)
+                mine = [n for i, n in enumerate(names) if file_owner(n, i, world) == rank]
+                try:
+                    self.root.check_hashes(step, mine)
+                except (CheckpointError, OSError) as err:
+                    ok = False
+                    log.warning("checkpoint step %d failed verification: %s", step, err)
+            if _all_ok(ok, self.group):
+                return manifest
+            if rank == 0:
+                log.warning(
+                    "checkpoint step %d is not usable (%s); trying the previous one",
+                    step,
+                    reason or "see the ranks' logs",
+                )
+        return None
+
+    def load(self, state: StateDict, manifest: Manifest) -> None:
+        """Load the verified checkpoint into ``state`` in place, resharded to this world."""
+        reader = FileSystemReader(self.root.step_path(manifest.step))
+        dcp.load(state, storage_reader=reader, process_group=self.group)
+
+
+def _hash_files(directory: Path, names: list[str]) -> dict[str, FileEntry]:
+    def one(name: str) -> tuple[str, FileEntry]:
+        path = directory / name
+        return name, FileEntry(size=path.stat().st_size, sha256=sha256_file(path))
+
+    if not names:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(4, len(names))) as pool:
+        return dict(pool.map(one, names))
+
+
+def _stage_to_cpu(state: Any) -> Any:
+    """A deep copy of a state dict with every tensor cloned to CPU memory."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: _stage_to_cpu(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_stage_to_cpu(v) for v in state]
+    if isinstance(state, tuple):
+        return tuple(_stage_to_cpu(v) for v in state)
+    return state
