@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -433,6 +434,19 @@ def is_up(layout: Layout) -> bool:
 
 
 @contextlib.contextmanager
+def _locked(layout: Layout) -> Iterator[None]:
+    """One up/down/apply-fleet at a time per cluster folder (two terminals, make -j)."""
+    layout.root.mkdir(parents=True, exist_ok=True)
+    with (layout.root / ".lock").open("w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(f"another cluster command holds {layout.root / '.lock'}; waiting")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
 def _step(what: str) -> Iterator[None]:
     started = time.monotonic()
     _say(f"{what} ...")
@@ -443,16 +457,21 @@ def _step(what: str) -> Iterator[None]:
 def up(layout: Layout | None = None, *, fleet: str | None = DEFAULT_FLEET) -> bool:
     """Start the cluster (or find it running). Returns True when this call started it."""
     layout = layout or default_layout()
+    with _locked(layout):
+        return _up(layout, fleet)
+
+
+def _up(layout: Layout, fleet: str | None) -> bool:
     if is_up(layout):
         state = State.load(layout)
         assert state is not None
         _say(f"already running at {state.server} (kubeconfig {layout.kubeconfig})")
         if fleet and fleet != state.fleet:
-            apply_fleet(fleet, layout=layout)
+            _apply_fleet(fleet, layout, replace=False, timeout=300)
         return False
     if State.load(layout) is not None:
         _say("found a stopped or half-running cluster; cleaning it up first")
-        down(layout)
+        _down(layout, keep_logs=True)
     started = time.monotonic()
     bindir = toolchain_bindir()
     layout.root.mkdir(parents=True, exist_ok=True)
@@ -471,8 +490,8 @@ def up(layout: Layout | None = None, *, fleet: str | None = DEFAULT_FLEET) -> bo
     try:
         _bring_up(Ctx(layout, state, bindir), fleet)
     except BaseException:
-        _say("start-up failed; stopping what was started (logs stay in " + str(layout.logs) + ")")
-        down(layout, keep_logs=True)
+        _say(f"start-up failed; stopping what was started (logs stay in {layout.logs})")
+        _down(layout, keep_logs=True)
         raise
     _say(f"up in {time.monotonic() - started:.1f}s: . {layout.env}  (then kubectl get nodes)")
     return True
@@ -509,7 +528,7 @@ def _bring_up(ctx: Ctx, fleet: str | None) -> None:
         )
     install_crds(layout, state)
     if fleet:
-        apply_fleet(fleet, layout=layout)
+        _apply_fleet(fleet, layout, replace=False, timeout=300)
 
 
 def _exists(api: Api, path: str) -> bool:
@@ -592,6 +611,11 @@ def apply_fleet(
 ) -> Fleet:
     """Make the cluster's fake nodes match a fleet file and wait until they are all Ready."""
     layout = layout or default_layout()
+    with _locked(layout):
+        return _apply_fleet(fleet_ref, layout, replace=replace, timeout=timeout)
+
+
+def _apply_fleet(fleet_ref: str, layout: Layout, *, replace: bool, timeout: float) -> Fleet:
     state = State.load(layout)
     if state is None or not is_up(layout):
         raise ClusterError("no cluster is running here; start one with `python -m e2e.cluster up`")
@@ -646,6 +670,14 @@ def apply_fleet(
 def down(layout: Layout | None = None, *, keep_logs: bool = True) -> list[str]:
     """Stop exactly the processes this cluster dir recorded; remove its state and data."""
     layout = layout or default_layout()
+    if not layout.root.is_dir():
+        _say(f"no cluster folder {layout.root}; nothing to stop")
+        return []
+    with _locked(layout):
+        return _down(layout, keep_logs=keep_logs)
+
+
+def _down(layout: Layout, *, keep_logs: bool) -> list[str]:
     state = State.load(layout)
     stopped: list[str] = []
     if state is None:
