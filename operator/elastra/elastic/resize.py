@@ -1,0 +1,373 @@
+"""The resize policy: keep the world, or form a new one of which pods, and why.
+
+A pure function of the spec's bounds, the current world, the state of every worker pod, the
+free capacity and an injected clock (STYLE.md items 3 and 6). The controller calls it on every
+pass and applies what it returns; because it re-derives everything from the observed state,
+a pass repeated after a crash decides the same thing.
+
+The shape of the protocol it drives (DESIGN.md section 5):
+- Pods are created as *standby* (in no world) and only pods that are Ready join a world, so a
+  world never waits on an image pull and a half-placed world never holds a collective.
+- A world is a set of pods and a version; forming a new one is the only way membership
+  changes, and the version only grows.
+- Broken workers (failed, lost, terminating) are dropped at once, after a short settle window
+  that folds a burst of failures (a rack going away) into one resize.
+- Shrinking is immediate; growing waits for the new pods to be Ready, for a cooldown since
+  the last resize, and for the predicted gain to beat the restart cost.
+- Never above the desired size, never below ``minimum``: with fewer healthy pods the job
+  forms no world and waits (Degraded), keeping its checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from elastra.elastic.workers import PodName, WorkerState, WorkerView
+
+
+class Reason(StrEnum):
+    """Why a world was formed or a job waits; used as condition and event reasons."""
+
+    INITIAL = "WorldFormed"
+    SCALED_DOWN = "ScaledDown"
+    SCALED_UP = "ScaledUp"
+    WORKER_FAILED = "WorkerFailed"
+    WORKER_LOST = "WorkerLost"
+    UNSCHEDULABLE = "Unschedulable"
+    INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+    SUSPENDED = "Suspended"
+    COMPLETED = "Completed"
+    STEADY = "Steady"
+
+
+@dataclass(frozen=True)
+class ResizePolicy:
+    """Tunables of the policy; defaults suit real clusters, tests pass smaller ones."""
+
+    settle: timedelta = timedelta(seconds=2)
+    """After a worker breaks, wait this long for others of the same burst."""
+    pending_grace: timedelta = timedelta(seconds=60)
+    """A pod pending (unschedulable) longer than this is given up and deleted."""
+    cooldown: timedelta = timedelta(seconds=30)
+    """No growth within this time of the previous resize."""
+    retire_timeout: timedelta = timedelta(seconds=120)
+    """A pod told to checkpoint and stop is deleted after this even if it did not exit."""
+
+
+@dataclass(frozen=True)
+class GrowthEstimate:
+    """The planner's view of growing: is the restart worth it?
+
+    ``speedup`` is predicted throughput at the grown size over the current one;
+    ``remaining_seconds`` the predicted rest of the run at the current size (``None``:
+    unknown, treated as long); ``restart_seconds`` what a resize costs (stop, checkpoint,
+    restart, load).
+    """
+
+    speedup: float
+    remaining_seconds: float | None
+    restart_seconds: float
+
+    def worth_it(self) -> bool:
+        """True when the time saved over the rest of the run exceeds the restart cost."""
+        if self.speedup <= 1.0:
+            return False
+        if self.remaining_seconds is None:
+            return True
+        saved = self.remaining_seconds * (1.0 - 1.0 / self.speedup)
+        return saved > self.restart_seconds
+
+
+@dataclass(frozen=True)
+class ResizeInput:
+    """Everything the policy decides on."""
+
+    desired: int
+    minimum: int
+    world: tuple[PodName, ...]
+    workers: tuple[WorkerView, ...]
+    placeable: int
+    """How many more pods free capacity admits right now."""
+    now: datetime
+    last_resize: datetime | None = None
+    suspended: bool = False
+    growth: GrowthEstimate | None = None
+
+
+@dataclass(frozen=True)
+class ResizeDecision:
+    """What to do: ``world`` is the new world's pods in rank order, or ``None`` to keep it.
+
+    ``create`` standby pods are to be placed by the planner; ``delete`` pods are gone for
+    good; ``retire`` pods leave the world and must checkpoint before they are deleted.
+    ``recheck_after`` says when the decision may change with no new event (settle window,
+    grace period, cooldown expiring), so the controller can look again then.
+    """
+
+    world: tuple[PodName, ...] | None
+    reason: Reason
+    message: str
+    create: int = 0
+    delete: frozenset[PodName] = field(default_factory=frozenset)
+    retire: frozenset[PodName] = field(default_factory=frozenset)
+    degraded: bool = False
+    completed: bool = False
+    recheck_after: timedelta | None = None
+
+    @property
+    def resizes(self) -> bool:
+        """True when a new world version is to be formed."""
+        return self.world is not None
+
+
+def decide(inp: ResizeInput, policy: ResizePolicy = ResizePolicy()) -> ResizeDecision:
+    """Decide the next world (see the module docstring for the rules)."""
+    done_retiring = _finished_retiring(inp, policy)
+    retiring = {w.pod for w in inp.workers if w.retiring_since is not None}
+    workers = [w for w in inp.workers if w.pod not in retiring]
+    world = set(inp.world)
+    members = [w for w in workers if w.pod in world]
+
+    if inp.suspended:
+        return _with_deletes(_suspend(inp, workers), done_retiring)
+    if members and all(w.state is WorkerState.SUCCEEDED for w in members):
+        return ResizeDecision(
+            world=None,
+            reason=Reason.COMPLETED,
+            message=f"all {len(members)} workers of the world exited 0",
+            delete=done_retiring | frozenset(w.pod for w in workers if w.pod not in world),
+            completed=True,
+        )
+
+    broken = [w for w in members if w.broken]
+    gone = [p for p in inp.world if p not in {w.pod for w in inp.workers}]
+    if broken or gone:
+        latest = max((w.since for w in broken), default=inp.now - policy.settle)
+        if inp.now - latest < policy.settle:
+            return ResizeDecision(
+                world=None,
+                reason=Reason.STEADY,
+                message=f"{len(broken)} worker(s) broke; waiting for the burst to settle",
+                delete=done_retiring,
+                recheck_after=policy.settle - (inp.now - latest),
+            )
+        return _with_deletes(_reform_without_broken(inp, workers, broken, gone), done_retiring)
+    finished = [w for w in members if w.state is WorkerState.SUCCEEDED]
+    if finished:
+        return ResizeDecision(
+            world=None,
+            reason=Reason.STEADY,
+            message=f"finishing: {len(finished)} of {len(members)} workers exited 0",
+            delete=done_retiring,
+        )
+
+    return _with_deletes(_steady_or_resize(inp, policy, workers), done_retiring)
+
+
+def _steady_or_resize(
+    inp: ResizeInput, policy: ResizePolicy, workers: list[WorkerView]
+) -> ResizeDecision:
+    """No member is broken: shrink to the desired size, grow toward it, or keep."""
+    world = set(inp.world)
+    stuck = _stuck_pending(workers, inp.now, policy)
+    healthy = sorted((w for w in workers if w.healthy), key=lambda w: w.slot)
+    in_world = [w for w in healthy if w.pod in world]
+    standby = [w for w in healthy if w.pod not in world]
+    waiting = [
+        w
+        for w in workers
+        if w.state in (WorkerState.GATED, WorkerState.PENDING) and w.pod not in stuck
+    ]
+    broken_outside = frozenset(
+        w.pod
+        for w in workers
+        if w.pod not in world and (w.broken or w.state is WorkerState.SUCCEEDED)
+    )
+    recheck = [policy.pending_grace - (inp.now - w.since) for w in waiting if w.unschedulable]
+
+    if len(in_world) > inp.desired:
+        return ResizeDecision(
+            world=tuple(w.pod for w in in_world[: inp.desired]),
+            reason=Reason.SCALED_DOWN,
+            message=f"scaled down from {len(in_world)} to {inp.desired} workers",
+            retire=frozenset(w.pod for w in in_world[inp.desired :]),
+            delete=frozenset(w.pod for w in standby) | stuck | broken_outside,
+        )
+
+    room = max(0, inp.desired - len(in_world))
+    surplus = frozenset(w.pod for w in standby[room:])
+    standby = standby[:room]
+    live = len(in_world) + len(standby) + len(waiting)
+    create = max(0, min(inp.desired - live, inp.placeable))
+    delete = stuck | surplus | broken_outside
+
+    if not in_world:
+        return _form_initial(
+            inp, standby=standby, waiting=waiting, create=create, delete=delete, recheck=recheck
+        )
+    if standby and not waiting:
+        cooldown_left = _cooldown_left(inp, policy)
+        if cooldown_left is not None:
+            recheck.append(cooldown_left)
+        elif inp.growth is not None and not inp.growth.worth_it():
+            return _keep(
+                "growth not worth a restart: predicted gain below restart cost",
+                create=0,
+                delete=delete | frozenset(w.pod for w in standby),
+                recheck=recheck,
+            )
+        else:
+            grown = tuple(w.pod for w in in_world + standby)
+            return ResizeDecision(
+                world=grown,
+                reason=Reason.SCALED_UP,
+                message=f"grew from {len(in_world)} to {len(grown)} workers",
+                create=create,
+                delete=delete,
+            )
+    return _keep("world steady", create=create, delete=delete, recheck=recheck)
+
+
+def _suspend(inp: ResizeInput, workers: list[WorkerView]) -> ResizeDecision:
+    outside = frozenset(w.pod for w in workers if w.pod not in inp.world)
+    if not inp.world:
+        return ResizeDecision(
+            world=None, reason=Reason.SUSPENDED, message="suspended", delete=outside
+        )
+    return ResizeDecision(
+        world=(),
+        reason=Reason.SUSPENDED,
+        message="suspending: every worker checkpoints and stops",
+        retire=frozenset(inp.world),
+        delete=outside,
+    )
+
+
+def _with_deletes(decision: ResizeDecision, more: frozenset[PodName]) -> ResizeDecision:
+    return replace(decision, delete=decision.delete | more) if more else decision
+
+
+def _finished_retiring(inp: ResizeInput, policy: ResizePolicy) -> frozenset[PodName]:
+    """Retiring pods that checkpointed and exited, died, or ran out of time."""
+    still_working = (WorkerState.READY, WorkerState.PENDING)
+    finished: set[PodName] = set()
+    for w in inp.workers:
+        if w.retiring_since is None or w.state is WorkerState.TERMINATING:
+            continue
+        timed_out = inp.now - w.retiring_since >= policy.retire_timeout
+        if w.state not in still_working or timed_out:
+            finished.add(w.pod)
+    return frozenset(finished)
+
+
+def _reform_without_broken(
+    inp: ResizeInput,
+    workers: list[WorkerView],
+    broken: list[WorkerView],
+    gone: list[PodName],
+) -> ResizeDecision:
+    lost = [w for w in broken if w.state is not WorkerState.FAILED]
+    reason = Reason.WORKER_LOST if lost or gone else Reason.WORKER_FAILED
+    names = sorted([w.pod for w in broken] + gone)
+    ordered = sorted(workers, key=lambda w: w.slot)
+    survivors = [w.pod for w in ordered if w.pod in set(inp.world) and w.healthy]
+    standby = [w.pod for w in ordered if w.pod not in set(inp.world) and w.healthy]
+    dead = frozenset(w.pod for w in broken if w.state is not WorkerState.TERMINATING)
+    if len(survivors) + len(standby) < inp.minimum:
+        return ResizeDecision(
+            world=(),
+            reason=reason,
+            message=(
+                f"lost {_listing(names)}; {len(survivors)} left, below minReplicas "
+                f"{inp.minimum}: waiting for capacity, checkpoints kept"
+            ),
+            delete=dead,
+            degraded=True,
+        )
+    pods = tuple((survivors + standby)[: inp.desired])
+    return ResizeDecision(
+        world=pods,
+        reason=reason,
+        message=f"dropped {_listing(names)}; continuing on {len(pods)} workers",
+        delete=dead,
+    )
+
+
+def _form_initial(
+    inp: ResizeInput,
+    *,
+    standby: list[WorkerView],
+    waiting: list[WorkerView],
+    create: int,
+    delete: frozenset[PodName],
+    recheck: list[timedelta],
+) -> ResizeDecision:
+    """No world runs: form one once every pod that can start has started."""
+    ready = len(standby)
+    if ready >= inp.minimum and not waiting and create == 0:
+        pods = tuple(w.pod for w in standby[: inp.desired])
+        return ResizeDecision(
+            world=pods,
+            reason=Reason.INITIAL,
+            message=f"formed a world of {len(pods)} workers",
+            delete=delete,
+        )
+    possible = ready + len(waiting) + create
+    if possible < inp.minimum:
+        return ResizeDecision(
+            world=None,
+            reason=Reason.INSUFFICIENT_CAPACITY,
+            message=(
+                f"capacity for {possible} of the {inp.minimum} workers minReplicas needs; "
+                "waiting, checkpoints kept"
+            ),
+            create=create,
+            delete=delete,
+            degraded=True,
+            recheck_after=min(recheck, default=None),
+        )
+    return _keep(f"{ready} of {possible} workers ready", create, delete, recheck)
+
+
+def _keep(
+    message: str,
+    create: int,
+    delete: frozenset[PodName],
+    recheck: Iterable[timedelta],
+) -> ResizeDecision:
+    return ResizeDecision(
+        world=None,
+        reason=Reason.STEADY,
+        message=message,
+        create=create,
+        delete=delete,
+        recheck_after=min(recheck, default=None),
+    )
+
+
+def _stuck_pending(
+    workers: list[WorkerView], now: datetime, policy: ResizePolicy
+) -> frozenset[PodName]:
+    """Pods the scheduler could not place for longer than the grace period."""
+    return frozenset(
+        w.pod
+        for w in workers
+        if w.state is WorkerState.PENDING
+        and w.unschedulable
+        and now - w.since >= policy.pending_grace
+    )
+
+
+def _cooldown_left(inp: ResizeInput, policy: ResizePolicy) -> timedelta | None:
+    if inp.last_resize is None:
+        return None
+    left = policy.cooldown - (inp.now - inp.last_resize)
+    return left if left > timedelta(0) else None
+
+
+def _listing(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:5])
+    return shown if len(names) <= 5 else f"{shown} and {len(names) - 5} more"

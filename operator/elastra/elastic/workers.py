@@ -1,0 +1,105 @@
+"""What the resize policy knows about each worker pod, reduced to what it decides on.
+
+The controller classifies every pod of a job (from the pod object and the node inventory)
+into a ``WorkerView``; the policy never sees a Kubernetes object. Classification lives here,
+as a pure function of plain values, so the rules (what counts as lost, as failed, as
+retryable) are tested without a cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import NewType
+
+PodName = NewType("PodName", str)
+NodeName = NewType("NodeName", str)
+
+
+class WorkerState(StrEnum):
+    """The life of a worker pod as far as resizing is concerned."""
+
+    GATED = "Gated"
+    """Created, held back by the gang scheduling gate."""
+    PENDING = "Pending"
+    """Ungated, not yet running: being scheduled, pulling images, starting."""
+    READY = "Ready"
+    """Running and ready: can be (or is) in a world."""
+    SUCCEEDED = "Succeeded"
+    """Exited 0: training finished, or a stop it was asked for."""
+    FAILED = "Failed"
+    """Exited non-zero (see ``exit_code``)."""
+    LOST = "Lost"
+    """Evicted, deleted by someone, or its node is gone, NotReady or cordoned and drained."""
+    TERMINATING = "Terminating"
+    """Has a deletion timestamp: going away (preemption, drain, our own delete)."""
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """One worker pod, as the policy sees it.
+
+    ``since`` is when the pod entered its state (creation time for gated or pending pods,
+    the transition time otherwise); the policy compares it with the injected clock.
+    """
+
+    pod: PodName
+    slot: int
+    state: WorkerState
+    since: datetime
+    node: NodeName | None = None
+    gpu_type: str | None = None
+    exit_code: int | None = None
+    unschedulable: bool = False
+    retiring_since: datetime | None = None
+    """When the pod was told to checkpoint and stop (it left the world); ``None``: it wasn't."""
+
+    @property
+    def healthy(self) -> bool:
+        """Can take part in the next world."""
+        return self.state is WorkerState.READY
+
+    @property
+    def broken(self) -> bool:
+        """Can never take part again: it must be dropped from the world and replaced."""
+        return self.state in (WorkerState.FAILED, WorkerState.LOST, WorkerState.TERMINATING)
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """What the classifier needs to know about the node a pod is bound to."""
+
+    exists: bool
+    ready: bool
+    schedulable: bool
+
+
+def classify(
+    *,
+    phase: str,
+    ready: bool,
+    gated: bool,
+    deleting: bool,
+    reason: str | None,
+    node: NodeHealth | None,
+) -> WorkerState:
+    """The state of a pod from its phase and conditions and the health of its node.
+
+    A pod whose node vanished or went NotReady is LOST at once: waiting for the node
+    lifecycle controller to evict it (minutes) is exactly the hang Elastra exists to avoid.
+    A cordoned node alone does not lose a running pod (drain does, by evicting it).
+    """
+    if deleting:
+        return WorkerState.TERMINATING
+    if phase == "Succeeded":
+        return WorkerState.SUCCEEDED
+    if phase == "Failed":
+        return WorkerState.LOST if reason in ("Evicted", "Preempted") else WorkerState.FAILED
+    if node is not None and (not node.exists or not node.ready):
+        return WorkerState.LOST
+    if gated:
+        return WorkerState.GATED
+    if phase == "Running" and ready:
+        return WorkerState.READY
+    return WorkerState.PENDING

@@ -1,0 +1,307 @@
+"""The resize policy, as transcripts: (workers, spec bounds, clock) -> decision."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elastra.elastic.resize import (
+    GrowthEstimate,
+    Reason,
+    ResizeInput,
+    ResizePolicy,
+    decide,
+)
+from elastra.elastic.workers import NodeHealth, PodName, WorkerState, WorkerView, classify
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+POLICY = ResizePolicy(
+    settle=timedelta(seconds=2),
+    pending_grace=timedelta(seconds=30),
+    cooldown=timedelta(seconds=20),
+    retire_timeout=timedelta(seconds=60),
+)
+
+
+def pod(slot: int) -> PodName:
+    return PodName(f"job-w{slot}")
+
+
+def worker(
+    slot: int,
+    state: WorkerState = WorkerState.READY,
+    *,
+    since: datetime = T0,
+    unschedulable: bool = False,
+    retiring_since: datetime | None = None,
+) -> WorkerView:
+    return WorkerView(
+        pod=pod(slot),
+        slot=slot,
+        state=state,
+        since=since,
+        unschedulable=unschedulable,
+        retiring_since=retiring_since,
+    )
+
+
+def world(*slots: int) -> tuple[PodName, ...]:
+    return tuple(pod(s) for s in slots)
+
+
+def run(
+    workers: list[WorkerView],
+    *,
+    desired: int,
+    minimum: int = 1,
+    current: tuple[PodName, ...] = (),
+    placeable: int = 0,
+    now: datetime = T0 + timedelta(minutes=5),
+    last_resize: datetime | None = None,
+    suspended: bool = False,
+    growth: GrowthEstimate | None = None,
+) -> object:
+    return decide(
+        ResizeInput(
+            desired=desired,
+            minimum=minimum,
+            world=current,
+            workers=tuple(workers),
+            placeable=placeable,
+            now=now,
+            last_resize=last_resize,
+            suspended=suspended,
+            growth=growth,
+        ),
+        POLICY,
+    )
+
+
+def test_fresh_job_creates_what_fits() -> None:
+    d = run([], desired=8, minimum=2, placeable=4)
+    assert d.world is None and d.create == 4
+    assert d.reason is Reason.STEADY and not d.degraded
+
+
+def test_fresh_job_below_minimum_waits_degraded() -> None:
+    d = run([], desired=8, minimum=4, placeable=2)
+    assert d.world is None and d.degraded
+    assert d.reason is Reason.INSUFFICIENT_CAPACITY
+    assert "minReplicas" in d.message
+
+
+def test_world_forms_once_every_started_pod_is_ready() -> None:
+    pending = run([worker(0), worker(1), worker(2, WorkerState.PENDING)], desired=3, placeable=0)
+    assert pending.world is None
+    formed = run([worker(0), worker(1), worker(2)], desired=3)
+    assert formed.world == world(0, 1, 2)
+    assert formed.reason is Reason.INITIAL
+
+
+def test_runs_at_four_of_eight_then_grows_when_pods_ready() -> None:
+    steady = run([worker(i) for i in range(4)], desired=8, current=world(0, 1, 2, 3))
+    assert steady.world is None and steady.create == 0
+    more = run([worker(i) for i in range(4)], desired=8, current=world(0, 1, 2, 3), placeable=4)
+    assert more.world is None and more.create == 4
+    grown = run([worker(i) for i in range(8)], desired=8, current=world(0, 1, 2, 3))
+    assert grown.world == world(*range(8))
+    assert grown.reason is Reason.SCALED_UP
+
+
+def test_growth_waits_for_cooldown_and_says_when_to_look_again() -> None:
+    now = T0 + timedelta(minutes=5)
+    d = run(
+        [worker(i) for i in range(4)],
+        desired=4,
+        current=world(0, 1),
+        now=now,
+        last_resize=now - timedelta(seconds=5),
+    )
+    assert d.world is None
+    assert d.recheck_after == timedelta(seconds=15)
+
+
+def test_growth_skipped_when_gain_is_below_restart_cost() -> None:
+    not_worth = GrowthEstimate(speedup=1.1, remaining_seconds=60, restart_seconds=30)
+    d = run([worker(i) for i in range(4)], desired=4, current=world(0, 1), growth=not_worth)
+    assert d.world is None
+    assert pod(2) in d.delete and pod(3) in d.delete
+    worth = GrowthEstimate(speedup=2.0, remaining_seconds=3600, restart_seconds=30)
+    assert run([worker(i) for i in range(4)], desired=4, current=world(0, 1), growth=worth).world
+
+
+def test_scale_down_keeps_lowest_slots_and_retires_the_rest() -> None:
+    d = run([worker(i) for i in range(6)], desired=3, current=world(*range(6)))
+    assert d.world == world(0, 1, 2)
+    assert d.retire == frozenset(world(3, 4, 5))
+    assert d.reason is Reason.SCALED_DOWN
+
+
+def test_burst_of_failures_waits_for_settle_then_one_resize() -> None:
+    now = T0 + timedelta(minutes=5)
+    workers = [worker(i) for i in range(10)]
+    for i in (1, 4, 7):
+        workers[i] = worker(i, WorkerState.LOST, since=now - timedelta(seconds=1))
+    early = run(workers, desired=10, minimum=2, current=world(*range(10)), now=now)
+    assert early.world is None and early.recheck_after == timedelta(seconds=1)
+    later = run(
+        workers, desired=10, minimum=2, current=world(*range(10)), now=now + timedelta(seconds=1)
+    )
+    assert later.world == world(0, 2, 3, 5, 6, 8, 9)
+    assert later.reason is Reason.WORKER_LOST
+    assert later.delete == frozenset(world(1, 4, 7))
+
+
+def test_failed_worker_is_dropped_and_replaced() -> None:
+    workers = [worker(0), worker(1, WorkerState.FAILED), worker(2)]
+    d = run(workers, desired=3, current=world(0, 1, 2))
+    assert d.world == world(0, 2) and d.reason is Reason.WORKER_FAILED
+    after = run([worker(0), worker(2)], desired=3, current=world(0, 2), placeable=5)
+    assert after.create == 1
+
+
+def test_losing_below_minimum_forms_an_empty_world_degraded() -> None:
+    workers = [worker(0), worker(1, WorkerState.LOST), worker(2, WorkerState.LOST)]
+    d = run(workers, desired=3, minimum=2, current=world(0, 1, 2))
+    assert d.world == () and d.degraded
+    assert "below minReplicas" in d.message
+
+
+def test_pod_vanished_from_the_world_counts_as_lost() -> None:
+    d = run([worker(0), worker(1)], desired=3, current=world(0, 1, 2))
+    assert d.world == world(0, 1) and d.reason is Reason.WORKER_LOST
+
+
+def test_unschedulable_past_grace_is_deleted() -> None:
+    now = T0 + timedelta(minutes=5)
+    stuck = worker(3, WorkerState.PENDING, since=now - timedelta(seconds=31), unschedulable=True)
+    fresh = worker(4, WorkerState.PENDING, since=now - timedelta(seconds=10), unschedulable=True)
+    d = run(
+        [worker(0), worker(1), worker(2), stuck, fresh],
+        desired=5,
+        current=world(0, 1, 2),
+        now=now,
+    )
+    assert d.world is None
+    assert pod(3) in d.delete and pod(4) not in d.delete
+    assert d.recheck_after == timedelta(seconds=20)
+
+
+def test_suspend_retires_the_world_then_deletes_what_stopped() -> None:
+    d = run([worker(0), worker(1)], desired=2, current=world(0, 1), suspended=True)
+    assert d.world == () and d.retire == frozenset(world(0, 1))
+    now = T0 + timedelta(minutes=5)
+    stopped = [
+        worker(0, WorkerState.SUCCEEDED, retiring_since=now - timedelta(seconds=5)),
+        worker(1, WorkerState.READY, retiring_since=now - timedelta(seconds=5)),
+    ]
+    after = run(stopped, desired=2, current=(), suspended=True, now=now)
+    assert after.world is None and after.delete == frozenset({pod(0)})
+    late = run(stopped, desired=2, current=(), suspended=True, now=now + timedelta(seconds=60))
+    assert late.delete == frozenset(world(0, 1))
+
+
+def test_all_members_exited_zero_completes() -> None:
+    d = run(
+        [worker(0, WorkerState.SUCCEEDED), worker(1, WorkerState.SUCCEEDED)],
+        desired=2,
+        current=world(0, 1),
+    )
+    assert d.completed and d.world is None
+
+
+def test_one_member_finished_means_finishing_not_growing() -> None:
+    d = run(
+        [worker(0, WorkerState.SUCCEEDED), worker(1)], desired=2, current=world(0, 1), placeable=4
+    )
+    assert d.world is None and d.create == 0 and not d.completed
+
+
+def test_classify() -> None:
+    ok = NodeHealth(exists=True, ready=True, schedulable=True)
+    gone = NodeHealth(exists=False, ready=False, schedulable=False)
+
+    def state(phase: str, **kw: object) -> WorkerState:
+        args: dict[str, object] = {
+            "phase": phase,
+            "ready": False,
+            "gated": False,
+            "deleting": False,
+            "reason": None,
+            "node": ok,
+        }
+        args.update(kw)
+        return classify(**args)  # type: ignore[arg-type]
+
+    assert state("Running", ready=True) is WorkerState.READY
+    assert state("Running", ready=True, node=gone) is WorkerState.LOST
+    assert state("Pending", gated=True, node=None) is WorkerState.GATED
+    assert state("Failed", reason="Evicted") is WorkerState.LOST
+    assert state("Failed") is WorkerState.FAILED
+    assert state("Succeeded") is WorkerState.SUCCEEDED
+    assert state("Running", ready=True, deleting=True) is WorkerState.TERMINATING
+
+
+STATES = st.sampled_from(list(WorkerState))
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> ResizeInput:
+    n = draw(st.integers(0, 12))
+    now = T0 + timedelta(minutes=10)
+    workers = tuple(
+        WorkerView(
+            pod=pod(i),
+            slot=i,
+            state=draw(STATES),
+            since=now - timedelta(seconds=draw(st.integers(0, 120))),
+            unschedulable=draw(st.booleans()),
+            retiring_since=(
+                now - timedelta(seconds=draw(st.integers(0, 120)))
+                if draw(st.integers(0, 5)) == 0
+                else None
+            ),
+        )
+        for i in range(n)
+    )
+    members = tuple(w.pod for w in workers if draw(st.booleans()) and w.retiring_since is None)
+    desired = draw(st.integers(1, 12))
+    return ResizeInput(
+        desired=desired,
+        minimum=draw(st.integers(1, desired)),
+        world=members,
+        workers=workers,
+        placeable=draw(st.integers(0, 12)),
+        now=now,
+        last_resize=now - timedelta(seconds=draw(st.integers(0, 60))),
+        suspended=draw(st.integers(0, 6)) == 0,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_properties(inp: ResizeInput) -> None:
+    d = decide(inp, POLICY)
+    by_pod = {w.pod: w for w in inp.workers}
+    if d.world is not None:
+        assert len(d.world) <= inp.desired, "never above the desired size"
+        assert len(set(d.world)) == len(d.world), "no pod twice"
+        if d.world:
+            assert len(d.world) >= inp.minimum, "never a world below minReplicas"
+        for name in d.world:
+            assert by_pod[name].healthy, "only Ready pods join a world"
+            assert name not in d.delete and name not in d.retire
+    assert d.create <= inp.placeable, "never create more than fits"
+    if d.create:
+        keeps = [
+            w
+            for w in inp.workers
+            if w.pod not in d.delete
+            and w.retiring_since is None
+            and w.state in (WorkerState.READY, WorkerState.PENDING, WorkerState.GATED)
+        ]
+        assert len(keeps) + d.create <= inp.desired, "never more live pods than desired"
+    assert d.delete <= set(by_pod), "deletes only pods that exist"
+    assert decide(inp, POLICY) == d, "deterministic"
