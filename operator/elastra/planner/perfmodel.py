@@ -1,0 +1,449 @@
+"""An analytic model of one training step: time per GPU type, memory per GPU, bottleneck.
+
+Pure arithmetic over the model shape, the GPU catalog and a few calibratable constants; no
+I/O, no clock. The search calls it many times, so the pieces it reuses (FLOPs per token, time
+of one micro-batch on one pipeline stage) are separate functions whose results it caches.
+
+FLOPs (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
+Using Megatron-LM", eq. 3, generalised to grouped-query attention and gated MLPs): per token
+and layer the forward pass costs ``2h(h + 2·kv·d) + 2h²`` (QKV and output projections),
+``4sh`` (attention scores and values, causal mask not discounted, as Megatron counts) and
+``2·h·f`` per MLP matrix (two, or three when gated); the logits cost ``2hV``. Training is
+forward + backward = 3x forward ("model FLOPs", what MFU counts). Recomputation adds a
+forward of every layer (``full``) or of the attention core only (``selective``, Korthikanti et
+al. 2022); ``tflops_per_gpu`` counts those too (executed FLOPs, Megatron's convention).
+
+Time of one step on a replica of ``pp`` stages running ``m`` micro-batches with 1F1B:
+``(m + pp - 1)·(t_compute + t_tp + 2·t_p2p)`` for the slowest stage (pipeline bubble
+included); then data-parallel collectives over the slowest link the group crosses, of which
+the part that overlaps the last backward is hidden; then the optimizer step, bound by HBM
+bandwidth. Collectives are ring collectives: ``2(n-1)/n · bytes / bandwidth`` for an
+all-reduce, half that for a reduce-scatter or all-gather.
+
+Memory per GPU (ZeRO, Rajbhandari et al. 2020; activations from Korthikanti et al. 2022 with
+sequence parallelism when tp > 1): weights 2 bytes/param (4 in fp32), gradients 2 (4), Adam
+state 12 (fp32 master, m, v; 8 in fp32 training); ``optimizer`` sharding divides the Adam
+state by dp, ``full`` divides all three. Activations per layer and micro-batch are
+``s·b·h·(18 + c·f/h + 5·a·s/h)/tp`` bytes (``c`` = 4, or 6 when gated: 34 + 5as/h for a
+4h MLP) without recomputation, without the ``5as/h`` score term for ``selective``, and the
+layer input (``2sbh/tp``) plus one layer's working set for ``full``; the first stage holds
+``min(pp, m)`` micro-batches in flight. The last stage adds fp32 logits. A GPU is usable up to
+``(1 - headroom)·capacity - reserved`` (CUDA context, NCCL buffers, fragmentation).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from elastra.planner.catalog import GpuType, Precision
+from elastra.planner.job import ModelShape, Recompute, Sharding
+
+GIB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class ModelConstants:
+    """The model's tunable constants; ``calibration`` fits ``efficiency`` from measurements.
+
+    ``efficiency`` overrides the catalog's ``gemm_efficiency`` per type name. GEMM efficiency
+    falls off for narrow per-GPU matrices: the achieved rate is
+    ``peak · efficiency · w/(w + gemm_half_width) · T/(T + gemm_half_tokens)`` with ``w`` the
+    hidden size per tensor-parallel rank and ``T`` the tokens per micro-batch.
+    """
+
+    efficiency: tuple[tuple[str, float], ...] = ()
+    gemm_half_width: float = 128.0
+    gemm_half_tokens: float = 256.0
+    link_efficiency: float = 0.75
+    network_efficiency: float = 0.75
+    collective_latency_s: float = 30e-6
+    dp_overlap: float = 0.5
+    fsdp_overlap: float = 0.8
+    optimizer_bytes_per_param: float = 32.0
+    memory_headroom: float = 0.05
+    memory_reserved_gib: float = 2.0
+
+    def efficiency_of(self, gpu: GpuType) -> float:
+        """The GEMM efficiency of ``gpu``: calibrated if present, else the catalog default."""
+        for name, value in self.efficiency:
+            if name == gpu.name:
+                return value
+        return gpu.gemm_efficiency
+
+
+DEFAULT_CONSTANTS = ModelConstants()
+
+
+@dataclass(frozen=True)
+class TokenFlops:
+    """Forward FLOPs per token: one layer, its attention-score part, and the logits."""
+
+    layer: float
+    attention_core: float
+    logits: float
+
+    def model_per_token(self, layers: int) -> float:
+        """Model FLOPs (forward + backward) per token of the whole model."""
+        return 3.0 * (layers * self.layer + self.logits)
+
+    def recompute_per_token(self, layers: int, recompute: Recompute) -> float:
+        """Extra forward FLOPs per token that recomputation executes."""
+        if recompute == "full":
+            return layers * self.layer
+        if recompute == "selective":
+            return layers * self.attention_core
+        return 0.0
+
+
+def token_flops(model: ModelShape) -> TokenFlops:
+    """Forward FLOPs per token (see the module docstring for the formula)."""
+    h, s = model.hidden_size, model.sequence_length
+    head_dim = h // model.attention_heads
+    projections = 2.0 * h * (h + 2 * model.kv_heads * head_dim) + 2.0 * h * h
+    core = 4.0 * s * h
+    mlp = 2.0 * (3 if model.gated else 2) * h * model.ffn_hidden_size
+    return TokenFlops(
+        layer=projections + core + mlp, attention_core=core, logits=2.0 * h * model.vocab_size
+    )
+
+
+def layer_params(model: ModelShape) -> float:
+    """Parameters of one transformer layer (projections, MLP, two norms)."""
+    h = model.hidden_size
+    head_dim = h // model.attention_heads
+    attention = h * (h + 2 * model.kv_heads * head_dim) + h * h
+    mlp = (3 if model.gated else 2) * h * model.ffn_hidden_size
+    return attention + mlp + 2.0 * h
+
+
+def total_params(model: ModelShape) -> float:
+    """All parameters, with separate input embedding and output layer."""
+    return model.layers * layer_params(model) + 2.0 * model.vocab_size * model.hidden_size
+
+
+def stage_layers(layers: int, pp: int) -> tuple[int, int]:
+    """Layers on the first and on the last stage when ``layers`` are split as evenly as can be.
+
+    The first ``layers % pp`` stages get one more; the last stage also computes the logits.
+    """
+    q, r = divmod(layers, pp)
+    first = q + (1 if r else 0)
+    return first, (q if pp > 1 else first)
+
+
+@dataclass(frozen=True)
+class MicroBatchTime:
+    """Seconds one micro-batch spends on the slowest stage of one replica of one GPU type."""
+
+    compute: float
+    recompute: float
+    tp_comm: float
+    p2p: float
+
+    @property
+    def per_slot(self) -> float:
+        """One 1F1B slot: forward + backward on the stage, its TP collectives, two transfers."""
+        return self.compute + self.tp_comm + 2.0 * self.p2p
+
+
+def activation_bytes(precision: Precision) -> int:
+    """Bytes per activation/weight element in the compute precision."""
+    return 4 if precision == "fp32" else 2
+
+
+def achieved_flops(
+    gpu: GpuType,
+    model: ModelShape,
+    *,
+    tp: int,
+    micro_batch: int,
+    precision: Precision,
+    constants: ModelConstants,
+) -> float:
+    """FLOP/s ``gpu`` sustains in this layer's GEMMs (0 when the precision is unsupported)."""
+    peak = gpu.peak_tflops(precision)
+    if peak is None:
+        return 0.0
+    width = model.hidden_size / tp
+    tokens = micro_batch * model.sequence_length
+    shape = (
+        width / (width + constants.gemm_half_width) * tokens / (tokens + constants.gemm_half_tokens)
+    )
+    return peak * 1e12 * constants.efficiency_of(gpu) * shape
+
+
+def ring_allreduce_s(nbytes: float, ranks: int, bandwidth: float, latency: float) -> float:
+    """Ring all-reduce of ``nbytes`` across ``ranks`` at ``bandwidth`` bytes/s per rank."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return 2.0 * (ranks - 1) / ranks * nbytes / bandwidth + 2.0 * (ranks - 1) * latency
+
+
+def micro_batch_time(
+    gpu: GpuType,
+    model: ModelShape,
+    *,
+    tp: int,
+    pp: int,
+    micro_batch: int,
+    recompute: Recompute,
+    precision: Precision,
+    p2p_gbs: float,
+    constants: ModelConstants = DEFAULT_CONSTANTS,
+) -> MicroBatchTime:
+    """Time of one micro-batch (forward + backward) on the slowest pipeline stage.
+
+    ``p2p_gbs`` is the bandwidth between consecutive stages (GB/s per GPU).
+    """
+    flops = token_flops(model)
+    first, last = stage_layers(model.layers, pp)
+    per_layer = 3.0 * flops.layer + flops.recompute_per_token(1, recompute)
+    first_work = first * per_layer + (3.0 * flops.logits if pp == 1 else 0.0)
+    last_work = last * per_layer + 3.0 * flops.logits
+    tokens = micro_batch * model.sequence_length
+    rate = achieved_flops(
+        gpu, model, tp=tp, micro_batch=micro_batch, precision=precision, constants=constants
+    )
+    if rate <= 0:
+        return MicroBatchTime(math.inf, 0.0, 0.0, 0.0)
+    stage_tokens_flops = max(first_work, last_work)
+    compute = stage_tokens_flops * tokens / tp / rate
+    recompute_flops = max(first, last) * flops.recompute_per_token(1, recompute)
+    recompute_s = recompute_flops * tokens / tp / rate
+    message = tokens * model.hidden_size * activation_bytes(precision)
+    collectives = (6 if recompute == "full" else 4) * max(first, last)
+    link = gpu.interconnect_gbs * 1e9 * constants.link_efficiency
+    tp_comm = collectives * ring_allreduce_s(message, tp, link, constants.collective_latency_s)
+    p2p = 0.0
+    if pp > 1:
+        p2p = message / tp / (p2p_gbs * 1e9) + constants.collective_latency_s
+    return MicroBatchTime(compute=compute, recompute=recompute_s, tp_comm=tp_comm, p2p=p2p)
+
+
+def stage_params(model: ModelShape, pp: int) -> float:
+    """Parameters on the heaviest pipeline stage (embedding on the first, output on the last)."""
+    first, last = stage_layers(model.layers, pp)
+    embedding = float(model.vocab_size * model.hidden_size)
+    per_layer = layer_params(model)
+    if pp == 1:
+        return first * per_layer + 2.0 * embedding
+    return max(first * per_layer + embedding, last * per_layer + embedding)
+
+
+def state_bytes_per_param(precision: Precision, sharding: Sharding, dp: int) -> float:
+    """Bytes of weights + gradients + optimizer state per parameter held by one GPU."""
+    weights, grads, optimizer = (4.0, 4.0, 8.0) if precision == "fp32" else (2.0, 2.0, 12.0)
+    if sharding == "optimizer":
+        return weights + grads + optimizer / dp
+    if sharding == "full":
+        return (weights + grads + optimizer) / dp
+    return weights + grads + optimizer
+
+
+def memory_gib(
+    model: ModelShape,
+    *,
+    tp: int,
+    pp: int,
+    micro_batch: int,
+    sharding: Sharding,
+    recompute: Recompute,
+    precision: Precision,
+    dp: int,
+    in_flight: int,
+) -> float:
+    """Peak memory of the heaviest GPU in GiB (see the module docstring)."""
+    h, s, a = model.hidden_size, model.sequence_length, model.attention_heads
+    params = stage_params(model, pp) / tp
+    states = params * state_bytes_per_param(precision, sharding, dp)
+    if sharding == "full":
+        # The gathered weights of the layer being computed and of the one prefetched.
+        states += 2.0 * layer_params(model) / tp * activation_bytes(precision)
+    scale = activation_bytes(precision) / 2.0
+    sbh = s * micro_batch * h * scale / tp
+    mlp = (6.0 if model.gated else 4.0) * model.ffn_hidden_size / h
+    working = sbh * (18.0 + mlp)
+    score = sbh * 5.0 * a * s / h
+    first, _ = stage_layers(model.layers, pp)
+    if recompute == "full":
+        # Each layer keeps only its input; backward recomputes one layer's working set at a time.
+        activations = first * 2.0 * sbh * max(1, in_flight) + working + score
+    else:
+        per_layer = working + (score if recompute == "none" else 0.0)
+        activations = first * per_layer * max(1, in_flight)
+    logits = 4.0 * s * micro_batch * model.vocab_size / tp
+    return (states + activations + logits) / GIB
+
+
+def usable_memory_gib(gpu: GpuType, constants: ModelConstants = DEFAULT_CONSTANTS) -> float:
+    """Memory a plan may fill on ``gpu`` after headroom."""
+    return gpu.memory_gib * (1.0 - constants.memory_headroom) - constants.memory_reserved_gib
+
+
+def dp_collective_s(
+    model: ModelShape,
+    *,
+    tp: int,
+    pp: int,
+    dp: int,
+    sharding: Sharding,
+    precision: Precision,
+    micro_batches: int,
+    bandwidth_gbs: float,
+    constants: ModelConstants = DEFAULT_CONSTANTS,
+) -> float:
+    """Seconds of data-parallel communication per step, before overlap.
+
+    ``none`` all-reduces gradients; ``optimizer`` reduce-scatters gradients and all-gathers
+    weights (the same volume); ``full`` also gathers weights for the forward and the backward
+    of every micro-batch.
+    """
+    if dp <= 1:
+        return 0.0
+    params = stage_params(model, pp) / tp
+    element = activation_bytes(precision)
+    bandwidth = bandwidth_gbs * 1e9
+    latency = constants.collective_latency_s
+    if sharding == "full":
+        per_micro_batch = 1.5 * ring_allreduce_s(params * element, dp, bandwidth, latency)
+        return per_micro_batch * micro_batches
+    return ring_allreduce_s(params * element, dp, bandwidth, latency)
+
+
+def optimizer_step_s(
+    gpu: GpuType,
+    model: ModelShape,
+    *,
+    tp: int,
+    pp: int,
+    dp: int,
+    sharding: Sharding,
+    constants: ModelConstants = DEFAULT_CONSTANTS,
+) -> float:
+    """The optimizer update, bound by HBM traffic over the parameters this GPU updates."""
+    params = stage_params(model, pp) / tp
+    if sharding != "none":
+        params /= dp
+    return params * constants.optimizer_bytes_per_param / (gpu.memory_bandwidth_gbs * 1e9)
+
+
+def effective_gbs(raw_gbs: float, *, intra_node: bool, constants: ModelConstants) -> float:
+    """Bandwidth a collective achieves over a link quoted at ``raw_gbs`` GB/s."""
+    factor = constants.link_efficiency if intra_node else constants.network_efficiency
+    return raw_gbs * factor
+
+
+@dataclass(frozen=True)
+class TypeLoad:
+    """One GPU type's part of a plan: its replicas, their micro-batches, one slot's time."""
+
+    gpu: GpuType
+    replicas: int
+    micro_batches: int
+    slot: MicroBatchTime
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """What the model predicts for one optimizer step of a plan."""
+
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    peak_memory_gib: float
+    bottleneck: str
+    breakdown: tuple[tuple[str, float], ...]
+
+
+def pipeline_s(slot: MicroBatchTime, *, micro_batches: int, pp: int) -> float:
+    """1F1B time of one replica: ``(m + pp - 1)`` slots."""
+    return (micro_batches + pp - 1) * slot.per_slot
+
+
+def predict_step(
+    model: ModelShape,
+    loads: tuple[TypeLoad, ...],
+    *,
+    tp: int,
+    pp: int,
+    micro_batch: int,
+    sharding: Sharding,
+    recompute: Recompute,
+    precision: Precision,
+    dp_gbs: float,
+    peak_memory: float,
+    constants: ModelConstants = DEFAULT_CONSTANTS,
+) -> StepPrediction:
+    """Step time, throughput, utilisation and bottleneck of a plan.
+
+    ``dp_gbs`` is the effective bandwidth of the slowest link the data-parallel group
+    crosses. The slowest type sets the pace (batch shares are chosen to equalise types).
+    """
+    slowest = max(
+        loads,
+        key=lambda load: (
+            pipeline_s(load.slot, micro_batches=load.micro_batches, pp=pp),
+            load.gpu.name,
+        ),
+    )
+    pipe = pipeline_s(slowest.slot, micro_batches=slowest.micro_batches, pp=pp)
+    dp = sum(load.replicas for load in loads)
+    most_micro_batches = max(load.micro_batches for load in loads)
+    dp_raw = dp_collective_s(
+        model,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        sharding=sharding,
+        precision=precision,
+        micro_batches=most_micro_batches,
+        bandwidth_gbs=dp_gbs,
+        constants=constants,
+    )
+    if sharding == "full":
+        hidden = constants.fsdp_overlap * slowest.micro_batches * slowest.slot.compute
+    else:
+        hidden = constants.dp_overlap * (2.0 / 3.0) * slowest.slot.compute
+    dp_exposed = max(0.0, dp_raw - hidden)
+    optimizer = max(
+        optimizer_step_s(
+            load.gpu, model, tp=tp, pp=pp, dp=dp, sharding=sharding, constants=constants
+        )
+        for load in loads
+    )
+    step = pipe + dp_exposed + optimizer
+    flops = token_flops(model)
+    tokens = (
+        sum(load.replicas * load.micro_batches for load in loads)
+        * micro_batch
+        * model.sequence_length
+    )
+    model_flops = tokens * flops.model_per_token(model.layers)
+    executed = model_flops + tokens * flops.recompute_per_token(model.layers, recompute)
+    gpus = sum(load.replicas for load in loads) * tp * pp
+    peak = (
+        sum(load.replicas * tp * pp * (load.gpu.peak_tflops(precision) or 0.0) for load in loads)
+        * 1e12
+    )
+    m = slowest.micro_batches
+    slot = slowest.slot
+    breakdown = (
+        ("compute", m * (slot.compute - slot.recompute)),
+        ("memory", m * slot.recompute),
+        ("tp-comm", m * slot.tp_comm),
+        ("pp-bubble", (pp - 1) * slot.per_slot + m * 2.0 * slot.p2p),
+        ("dp-comm", dp_exposed),
+        ("optimizer", optimizer),
+    )
+    bottleneck = max(breakdown, key=lambda item: item[1])[0]
+    return StepPrediction(
+        step_time_s=step,
+        tokens_per_s=tokens / step,
+        tflops_per_gpu=executed / step / gpus / 1e12,
+        mfu=model_flops / step / peak if peak > 0 else 0.0,
+        peak_memory_gib=peak_memory,
+        bottleneck=bottleneck,
+        breakdown=breakdown,
+    )

@@ -1,0 +1,629 @@
+"""The plan search: enumerate layouts the job allows, predict each, rank them, explain the rest.
+
+``plan_job(job, inventory)`` is a pure function: it reads the job's requirements and the typed
+inventory and returns a ``PlanResult``. It never raises for an infeasible job: every candidate
+that cannot run becomes a counted ``Rejection`` (capacity, divisibility, memory, precision,
+constraint) and an empty result carries the most telling reason.
+
+Enumerated: GPU type (or, for ``heterogeneous`` jobs, every mix of allowed types), tensor
+degree (divides the pod's GPUs, the attention heads, the KV heads and the MLP width, so a
+tensor group stays in a pod and a node), pipeline degree (divisors of the layer count and
+powers of two; uneven stages allowed), number of pods (between minReplicas and replicas, in
+whole replicas), micro-batch (powers of two), sharding (the modes the job allows; none when
+dp = 1) and recomputation. Pruning that cannot change the answer under the model:
+recomputation modes are tried cheapest first and the first that fits memory is kept (the
+others only add time); of the many pod counts of one type, the largest few, the smallest and
+the powers of two are evaluated. Mixes fill the fastest type first (the best tokens per dollar
+first, under the cost objective).
+
+Heterogeneous mixes give every type its own data-parallel replicas (a tensor or pipeline group
+never mixes types) and choose per-type micro-batch counts so that replicas of different speeds
+finish a step together, while the shares still add up to the global batch exactly.
+
+Ranking is by tokens per second (throughput) or tokens per dollar (cost), ties broken by
+fewer GPUs, lower price and then the layout itself, so the order is total and deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import combinations, product
+
+from elastra.planner.catalog import GpuType, matches
+from elastra.planner.inventory import Inventory, NodeCapacity, NodeName
+from elastra.planner.job import RECOMPUTE_MODES, JobRequirements, ModelShape, Recompute, Sharding
+from elastra.planner.perfmodel import (
+    DEFAULT_CONSTANTS,
+    MicroBatchTime,
+    ModelConstants,
+    StepPrediction,
+    TypeLoad,
+    effective_gbs,
+    memory_gib,
+    micro_batch_time,
+    predict_step,
+    usable_memory_gib,
+)
+from elastra.planner.placement import place
+from elastra.planner.plan import Plan, PlanResult, Rejection, TypeShare
+
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
+MAX_MIX_TYPES = 6
+"""Mixes are built from the fastest six allowed types at most (63 subsets)."""
+POD_COUNTS_KEPT = 3
+"""Per type and layout, the largest pod counts evaluated (plus the smallest and powers of 2)."""
+
+
+@dataclass(frozen=True)
+class TypePool:
+    """The capacity of one allowed GPU type: its nodes, free pod slots and slowest NIC."""
+
+    gpu: GpuType
+    nodes: tuple[NodeCapacity, ...]
+    slots: tuple[tuple[NodeName, int], ...]
+    pods: int
+    network_gbs: float
+    """Per-GPU share of the slowest node NIC of this type, GB/s."""
+
+    @property
+    def speed(self) -> float:
+        """Relative per-GPU speed used to order types (peak x catalog efficiency)."""
+        return (self.gpu.bf16_tflops or self.gpu.fp16_tflops or 0.0) * self.gpu.gemm_efficiency
+
+
+class _Rejections:
+    """Counts rejected candidates per category, keeping the first example of each."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.examples: dict[str, str] = {}
+
+    def add(self, category: str, example: str, count: int = 1) -> None:
+        self.counts[category] = self.counts.get(category, 0) + count
+        self.examples.setdefault(category, example)
+
+    def summary(self) -> tuple[Rejection, ...]:
+        ordered = sorted(self.counts, key=lambda c: (-self.counts[c], c))
+        return tuple(Rejection(c, self.counts[c], self.examples[c]) for c in ordered)
+
+
+@dataclass(frozen=True)
+class _Scored:
+    key: tuple[float, ...]
+    tiebreak: tuple[object, ...]
+    plan: Plan
+
+
+def plan_job(
+    job: JobRequirements,
+    inventory: Inventory,
+    *,
+    top_k: int = 3,
+    constants: ModelConstants = DEFAULT_CONSTANTS,
+) -> PlanResult:
+    """Ranked plans for ``job`` on ``inventory`` (best first), or the reason none fits."""
+    rejections = _Rejections()
+    for node in inventory.excluded:
+        rejections.add("capacity", f"node {node.name} is not capacity: {node.reason}")
+    pools = _pools(job, inventory, rejections)
+    if not pools:
+        return _infeasible("no allowed capacity", rejections, 0)
+    if sum(pool.pods for pool in pools) < job.min_replicas:
+        free = ", ".join(f"{p.pods} on {p.gpu.name}" for p in pools)
+        rejections.add(
+            "capacity", f"minReplicas={job.min_replicas} pods needed, free pod slots: {free}"
+        )
+        return _infeasible("not enough capacity", rejections, 0)
+    search = _Search(job, pools, constants, rejections)
+    scored = search.run()
+    scored.sort(key=lambda s: (s.key, s.tiebreak))
+    best = _distinct(scored, top_k)
+    if not best:
+        return _infeasible("no candidate fits", rejections, search.evaluated)
+    placed = tuple(_with_placement(s.plan, pools, job) for s in best)
+    return PlanResult(
+        plans=placed, reason=None, rejections=rejections.summary(), candidates=search.evaluated
+    )
+
+
+def _distinct(scored: Sequence[_Scored], top_k: int) -> list[_Scored]:
+    """The best ``top_k`` plans, one per distinct (types, dp, tp, pp) shape."""
+    seen: set[tuple[object, ...]] = set()
+    best: list[_Scored] = []
+    for item in scored:
+        plan = item.plan
+        shape = (tuple((s.gpu_type, s.gpus) for s in plan.types), plan.tp, plan.pp)
+        if shape in seen:
+            continue
+        seen.add(shape)
+        best.append(item)
+        if len(best) == top_k:
+            break
+    return best
+
+
+def _infeasible(headline: str, rejections: _Rejections, evaluated: int) -> PlanResult:
+    summary = rejections.summary()
+    details = "; ".join(f"{r.category} ({r.count}): {r.example}" for r in summary[:3])
+    reason = f"{headline}: {details}" if details else headline
+    return PlanResult(plans=(), reason=reason, rejections=summary, candidates=evaluated)
+
+
+def _pools(job: JobRequirements, inventory: Inventory, rejections: _Rejections) -> list[TypePool]:
+    """Allowed, usable GPU types with their free pod slots, fastest first."""
+    by_type: dict[str, list[NodeCapacity]] = {}
+    for node in inventory.nodes:
+        by_type.setdefault(node.gpu_type.name, []).append(node)
+    pools: list[TypePool] = []
+    for name in sorted(by_type):
+        nodes = by_type[name]
+        gpu = nodes[0].gpu_type
+        if job.is_cpu != gpu.is_cpu:
+            continue
+        if job.gpu_types and not any(matches(p, gpu) for p in job.gpu_types):
+            rejections.add("constraint", f"{name}: not in worker.gpuTypes", len(nodes))
+            continue
+        if gpu.peak_tflops(job.precision) is None:
+            rejections.add("precision", f"{name} has no {job.precision} support", len(nodes))
+            continue
+        if job.model is not None and gpu.memory_gib <= 0:
+            rejections.add("constraint", f"{name}: no memory figure", len(nodes))
+            continue
+        slots: list[tuple[NodeName, int]] = []
+        for node in nodes:
+            if job.is_cpu:
+                count = int(node.free_cpu_millis // round(job.cpus_per_worker * 1000))
+            else:
+                count = node.free_gpus // job.gpus_per_worker
+            if count == 0:
+                free = f"{node.free_cpu_millis}m CPU" if job.is_cpu else f"{node.free_gpus} GPUs"
+                rejections.add("capacity", f"node {node.name}: {free} free, less than one pod")
+                continue
+            slots.append((node.name, count))
+        if not slots:
+            continue
+        used = [n for n in nodes if any(n.name == s[0] for s in slots)]
+        network = min(n.network_gbps / 8.0 / max(1, gpu.gpus_per_node) for n in used)
+        pools.append(
+            TypePool(
+                gpu=gpu,
+                nodes=tuple(used),
+                slots=tuple(slots),
+                pods=sum(c for _, c in slots),
+                network_gbs=network,
+            )
+        )
+    pools.sort(key=lambda p: (-p.speed, p.gpu.name))
+    return pools
+
+
+class _Search:
+    """One search over the layouts of one job; holds caches for the run, nothing global."""
+
+    def __init__(
+        self,
+        job: JobRequirements,
+        pools: list[TypePool],
+        constants: ModelConstants,
+        rejections: _Rejections,
+    ) -> None:
+        self.job = job
+        self.pools = pools
+        self.constants = constants
+        self.rejections = rejections
+        self.evaluated = 0
+        self._slot_cache: dict[tuple[object, ...], MicroBatchTime] = {}
+
+    # -- enumeration ---------------------------------------------------------------------
+
+    def run(self) -> list[_Scored]:
+        job = self.job
+        out: list[_Scored] = []
+        tps = self._tensor_options()
+        pps = self._pipeline_options()
+        for mix in self._mixes():
+            for tp, pp in product(tps, pps):
+                if job.model is None and (tp, pp) != (1, 1):
+                    continue
+                for counts in self._pod_counts(mix, tp, pp):
+                    out.extend(self._layouts(mix, counts, tp, pp))
+        return out
+
+    def _mixes(self) -> Iterator[tuple[TypePool, ...]]:
+        pools = self.pools
+        if not self.job.heterogeneous:
+            for pool in pools:
+                yield (pool,)
+            return
+        if self.job.objective == "cost":
+            pools = sorted(
+                pools, key=lambda p: (-p.speed / max(p.gpu.hourly_usd, 1e-9), p.gpu.name)
+            )
+        pools = pools[:MAX_MIX_TYPES]
+        for size in range(1, len(pools) + 1):
+            yield from combinations(pools, size)
+
+    def _tensor_options(self) -> list[int]:
+        job, model = self.job, self.job.model
+        per_pod = job.devices_per_worker
+        if job.tensor is not None:
+            wanted = [job.tensor]
+        else:
+            wanted = [d for d in range(1, per_pod + 1) if per_pod % d == 0]
+        options = []
+        for tp in wanted:
+            problem = ""
+            if per_pod % tp:
+                problem = f"tp={tp} does not divide worker.gpus={per_pod}"
+            elif model is not None:
+                for what, value in (
+                    ("attentionHeads", model.attention_heads),
+                    ("kvHeads", model.kv_heads),
+                    ("ffnHiddenSize", model.ffn_hidden_size),
+                ):
+                    if value % tp:
+                        problem = f"tp={tp} does not divide model.{what}={value}"
+                        break
+            if problem:
+                self.rejections.add("divisibility", problem)
+            else:
+                options.append(tp)
+        return options
+
+    def _pipeline_options(self) -> list[int]:
+        job, model = self.job, self.job.model
+        if model is None:
+            return [1]
+        if job.pipeline is not None:
+            if job.pipeline > model.layers:
+                self.rejections.add(
+                    "divisibility", f"pp={job.pipeline} > model.layers={model.layers}"
+                )
+                return []
+            return [job.pipeline]
+        layers = model.layers
+        divisors = {d for d in range(1, layers + 1) if layers % d == 0}
+        powers = {1 << k for k in range(0, 11) if (1 << k) <= layers}
+        return sorted(divisors | powers)
+
+    def _pod_counts(self, mix: tuple[TypePool, ...], tp: int, pp: int) -> list[tuple[int, ...]]:
+        """Pod counts per type (whole replicas) to evaluate for this mix and layout."""
+        job = self.job
+        per_pod = job.devices_per_worker
+        replica = tp * pp
+        if replica % per_pod and per_pod % replica:
+            self.rejections.add(
+                "divisibility",
+                f"tp*pp={replica} neither divides nor is a multiple of worker.gpus={per_pod}",
+            )
+            return []
+        unit = max(1, replica // per_pod)
+        budget = job.replicas // unit
+        caps = [pool.pods // unit for pool in mix]
+        low = math.ceil(job.min_replicas / unit)
+        if len(mix) == 1:
+            top = min(caps[0], budget)
+            if top < max(low, 1):
+                self.rejections.add(
+                    "capacity",
+                    f"{mix[0].gpu.name}: tp*pp={replica} needs {unit} pod(s) per replica, "
+                    f"{mix[0].pods} pod slots free, minReplicas={job.min_replicas}",
+                )
+                return []
+            units = list(range(top, max(low, 1) - 1, -1))
+            dp_per_unit = unit * per_pod // replica
+            if self.job.model is not None:
+                valid = [u for u in units if job.global_batch_size % (u * dp_per_unit) == 0]
+                if not valid:
+                    self.rejections.add(
+                        "divisibility",
+                        f"{mix[0].gpu.name} tp={tp} pp={pp}: globalBatchSize="
+                        f"{job.global_batch_size} not divisible by any dp from "
+                        f"{units[-1] * dp_per_unit} to {units[0] * dp_per_unit}",
+                    )
+                    return []
+                units = valid
+            keep = set(units[:POD_COUNTS_KEPT]) | {units[-1]}
+            keep |= {u for u in units if u & (u - 1) == 0}
+            return [(u * unit,) for u in sorted(keep, reverse=True)]
+        counts: list[int] = []
+        left = budget
+        for cap in caps:
+            take = min(cap, left)
+            if take == 0:
+                return []
+            counts.append(take * unit)
+            left -= take
+        if sum(counts) < job.min_replicas:
+            return []
+        return [tuple(counts)]
+
+    # -- one layout ----------------------------------------------------------------------
+
+    def _layouts(
+        self, mix: tuple[TypePool, ...], counts: tuple[int, ...], tp: int, pp: int
+    ) -> Iterator[_Scored]:
+        job = self.job
+        per_pod = job.devices_per_worker
+        replicas = tuple(c * per_pod // (tp * pp) for c in counts)
+        dp = sum(replicas)
+        if job.model is None:
+            scored = self._model_free(mix, counts, replicas)
+            if scored is not None:
+                yield scored
+            return
+        model = job.model
+        if dp * 1 > job.global_batch_size:
+            self.rejections.add(
+                "divisibility", f"dp={dp} replicas exceed globalBatchSize={job.global_batch_size}"
+            )
+            return
+        dp_gbs = self._dp_bandwidth(mix, counts, tp, pp)
+        for mb in MICRO_BATCHES:
+            if job.global_batch_size % mb or mb * dp > job.global_batch_size:
+                continue
+            for sharding in job.sharding:
+                if dp == 1 and sharding != "none":
+                    continue
+                scored = self._fit(
+                    model,
+                    mix,
+                    counts,
+                    replicas,
+                    tp=tp,
+                    pp=pp,
+                    mb=mb,
+                    sharding=sharding,
+                    dp_gbs=dp_gbs,
+                )
+                if scored is not None:
+                    yield scored
+
+    def _fit(
+        self,
+        model: ModelShape,
+        mix: tuple[TypePool, ...],
+        counts: tuple[int, ...],
+        replicas: tuple[int, ...],
+        *,
+        tp: int,
+        pp: int,
+        mb: int,
+        sharding: Sharding,
+        dp_gbs: float,
+    ) -> _Scored | None:
+        """The cheapest recomputation that fits memory for this layout, scored; or None."""
+        job = self.job
+        dp = sum(replicas)
+        worst = ""
+        for recompute in RECOMPUTE_MODES:
+            slots = tuple(
+                self._slot(pool, model, tp=tp, pp=pp, mb=mb, recompute=recompute) for pool in mix
+            )
+            if any(math.isinf(s.per_slot) for s in slots):
+                return None
+            split = _split_batch(job.global_batch_size // mb, replicas, slots, pp)
+            if split is None:
+                over = "+".join(f"{r}x{p.gpu.name}" for p, r in zip(mix, replicas, strict=True))
+                self.rejections.add(
+                    "divisibility",
+                    f"globalBatchSize={job.global_batch_size} cannot be split into micro-batches "
+                    f"of {mb} over replicas {over}",
+                )
+                return None
+            peak = 0.0
+            fits = True
+            for pool, k in zip(mix, split, strict=True):
+                need = memory_gib(
+                    model,
+                    tp=tp,
+                    pp=pp,
+                    micro_batch=mb,
+                    sharding=sharding,
+                    recompute=recompute,
+                    precision=job.precision,
+                    dp=dp,
+                    in_flight=min(pp, k),
+                )
+                usable = usable_memory_gib(pool.gpu, self.constants)
+                peak = max(peak, need)
+                if need > usable:
+                    fits = False
+                    worst = (
+                        f"{pool.gpu.name} tp={tp} pp={pp} mb={mb} sharding={sharding} "
+                        f"recompute={recompute}: needs {need:.1f} GiB > {usable:.1f} GiB usable"
+                    )
+                    break
+            if not fits:
+                continue
+            self.evaluated += 1
+            loads = tuple(
+                TypeLoad(pool.gpu, r, k, s)
+                for pool, r, k, s in zip(mix, replicas, split, slots, strict=True)
+            )
+            predicted = predict_step(
+                model,
+                loads,
+                tp=tp,
+                pp=pp,
+                micro_batch=mb,
+                sharding=sharding,
+                recompute=recompute,
+                precision=job.precision,
+                dp_gbs=dp_gbs,
+                peak_memory=peak,
+                constants=self.constants,
+            )
+            shares = tuple(
+                TypeShare(
+                    pool.gpu.name, c * job.devices_per_worker, c, r, k * mb, pool.gpu.hourly_usd
+                )
+                for pool, c, r, k in zip(mix, counts, replicas, split, strict=True)
+            )
+            return self._score(Plan(shares, dp, tp, pp, mb, sharding, recompute, predicted))
+        self.rejections.add("memory", worst)
+        return None
+
+    def _model_free(
+        self, mix: tuple[TypePool, ...], counts: tuple[int, ...], replicas: tuple[int, ...]
+    ) -> _Scored | None:
+        """Pure data parallel without a model: shares follow each type's relative speed.
+
+        Times are relative: one sample takes one second on a GPU of relative speed 1 (peak x
+        efficiency in TFLOP/s / 100); throughput is in samples per second.
+        """
+        job = self.job
+        slots = tuple(MicroBatchTime(100.0 / max(pool.speed, 1e-9), 0.0, 0.0, 0.0) for pool in mix)
+        dp = sum(replicas)
+        split = _split_batch(job.global_batch_size, replicas, slots, 1)
+        if split is None:
+            self.rejections.add(
+                "divisibility", f"globalBatchSize={job.global_batch_size} < replicas={dp}"
+            )
+            return None
+        self.evaluated += 1
+        step = max(k * s.per_slot for k, s in zip(split, slots, strict=True))
+        predicted = StepPrediction(
+            step_time_s=step,
+            tokens_per_s=job.global_batch_size / step,
+            tflops_per_gpu=0.0,
+            mfu=0.0,
+            peak_memory_gib=0.0,
+            bottleneck="compute",
+            breakdown=(("compute", step),),
+        )
+        shares = tuple(
+            TypeShare(pool.gpu.name, c * job.devices_per_worker, c, r, k, pool.gpu.hourly_usd)
+            for pool, c, r, k in zip(mix, counts, replicas, split, strict=True)
+        )
+        return self._score(Plan(shares, dp, 1, 1, 1, "none", "none", predicted))
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _slot(
+        self, pool: TypePool, model: ModelShape, *, tp: int, pp: int, mb: int, recompute: Recompute
+    ) -> MicroBatchTime:
+        key = (pool.gpu.name, tp, pp, mb, recompute)
+        cached = self._slot_cache.get(key)
+        if cached is None:
+            within_pod = tp * pp <= self.job.devices_per_worker
+            raw = pool.gpu.interconnect_gbs if within_pod else pool.network_gbs
+            p2p = effective_gbs(raw, intra_node=within_pod, constants=self.constants)
+            cached = micro_batch_time(
+                pool.gpu,
+                model,
+                tp=tp,
+                pp=pp,
+                micro_batch=mb,
+                recompute=recompute,
+                precision=self.job.precision,
+                p2p_gbs=p2p,
+                constants=self.constants,
+            )
+            self._slot_cache[key] = cached
+        return cached
+
+    def _dp_bandwidth(
+        self, mix: tuple[TypePool, ...], counts: tuple[int, ...], tp: int, pp: int
+    ) -> float:
+        """Effective bandwidth of the slowest link the data-parallel group crosses."""
+        per_pod = self.job.devices_per_worker
+        if len(mix) == 1 and counts[0] == 1 and per_pod <= mix[0].gpu.gpus_per_node:
+            return effective_gbs(
+                mix[0].gpu.interconnect_gbs, intra_node=True, constants=self.constants
+            )
+        slowest = min(pool.network_gbs for pool in mix)
+        return effective_gbs(slowest, intra_node=False, constants=self.constants)
+
+    def _score(self, plan: Plan) -> _Scored:
+        tokens = plan.predicted.tokens_per_s
+        if self.job.objective == "cost":
+            key: tuple[float, ...] = (-plan.tokens_per_dollar, -tokens, float(plan.gpus))
+        else:
+            key = (-tokens, float(plan.gpus), plan.hourly_usd)
+        tiebreak = (
+            tuple(s.gpu_type for s in plan.types),
+            plan.tp,
+            plan.pp,
+            plan.dp,
+            plan.micro_batch,
+            plan.sharding,
+            plan.recompute,
+        )
+        return _Scored(key, tiebreak, plan)
+
+
+def _split_batch(
+    micro_batches: int,
+    replicas: tuple[int, ...],
+    slots: tuple[MicroBatchTime, ...],
+    pp: int,
+) -> tuple[int, ...] | None:
+    """Micro-batches per replica of each type: ``sum(replicas[i] * k[i]) == micro_batches``,
+    every ``k >= 1``, minimising the time of the slowest replica; None when impossible.
+
+    A single type needs ``micro_batches`` divisible by its replicas. For a mix the continuous
+    optimum (all types finish together) is rounded by searching a window around it; the window
+    of the second-to-last type is wide enough to meet every residue of the last type's count.
+    """
+    if len(replicas) == 1:
+        k, rest = divmod(micro_batches, replicas[0])
+        return (k,) if rest == 0 and k >= 1 else None
+    if micro_batches < sum(replicas):
+        return None
+    # Solve for the type with the fewest replicas last: its count absorbs the remainder.
+    order = sorted(range(len(replicas)), key=lambda i: (-replicas[i], i))
+    reps = [replicas[i] for i in order]
+    times = [slots[i].per_slot for i in order]
+    # Everyone finishes at T: k_i = T / t_i - (pp - 1); sum r_i k_i = M.
+    rate = sum(r / t for r, t in zip(reps, times, strict=True))
+    finish = (micro_batches + (pp - 1) * sum(reps)) / rate
+    ideal = [finish / t - (pp - 1) for t in times]
+    last = len(reps) - 1
+    windows: list[range] = []
+    for i in range(last):
+        width = max(1, reps[last]) if i == last - 1 else 1
+        centre = math.floor(ideal[i])
+        windows.append(range(max(1, centre - width), centre + width + 2))
+    best: tuple[float, tuple[int, ...]] | None = None
+    for choice in product(*windows):
+        rest = micro_batches - sum(r * k for r, k in zip(reps, choice, strict=False))
+        if rest < reps[last] or rest % reps[last]:
+            continue
+        ks = (*choice, rest // reps[last])
+        slowest = max((k + pp - 1) * t for k, t in zip(ks, times, strict=True))
+        if best is None or (slowest, ks) < best:
+            best = (slowest, ks)
+    if best is None:
+        return None
+    result = [0] * len(replicas)
+    for position, index in enumerate(order):
+        result[index] = best[1][position]
+    return tuple(result)
+
+
+def _with_placement(plan: Plan, pools: list[TypePool], job: JobRequirements) -> Plan:
+    nodes_by_type = {pool.gpu.name: pool.nodes for pool in pools}
+    slots = {name: count for pool in pools for name, count in pool.slots}
+    pods, ranks = place(
+        plan.types,
+        nodes_by_type,
+        slots=slots,
+        tp=plan.tp,
+        pp=plan.pp,
+        devices_per_pod=job.devices_per_worker,
+    )
+    return Plan(
+        plan.types,
+        plan.dp,
+        plan.tp,
+        plan.pp,
+        plan.micro_batch,
+        plan.sharding,
+        plan.recompute,
+        plan.predicted,
+        pods,
+        ranks,
+    )
