@@ -15,10 +15,10 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from elastra.commands import crds, version
+from elastra.commands import crds, plan, version
 from elastra.errors import UserError
 
-COMMANDS: tuple[ModuleType, ...] = (version, crds)
+COMMANDS: tuple[ModuleType, ...] = (version, crds, plan)
 
 
 def build_parser() -> argparse.ArgumentParser:
