@@ -1,0 +1,238 @@
+"""The per-pod agent: turns assignments into trainer processes, world version after world version.
+
+``elastra-worker run -- CMD ARGS...`` is the container's entry point. It waits until the pod is
+in a world, starts ``localWorldSize`` trainers (one per GPU; one on CPU) with torchrun-style
+variables, and watches the assignment file. On a new world version (or ``stop: true``) it asks
+its trainers to stop at the next step boundary, which makes the whole old world agree on a step
+and commit a checkpoint of it; then it starts fresh trainers in the new world, which restore that
+checkpoint resharded. Trainers are new processes with a new rendezvous namespace every time, so
+nothing of the previous world (store keys, peer addresses, a half-dead process group) survives.
+
+If the old world cannot stop (a member vanished and the survivors block in a collective), the
+agent kills its trainers after ``stop_timeout_s``: the new world resumes from the last good
+checkpoint instead of waiting for a collective timeout. SIGTERM (eviction, preemption, scale-in)
+asks for a stop and a checkpoint too, and kills the trainers if the grace period runs out.
+
+The agent imports no torch: it starts in milliseconds and stays small.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal
+
+from . import exitcodes
+from .assignment import Assignment, AssignmentError, read_assignment_file
+from .control import CONTROL_DIR_ENV, ControlDir
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["done", "stopped", "failed", "terminated"]
+
+
+@dataclass
+class AgentConfig:
+    """How the agent runs; every duration is in seconds."""
+
+    command: Sequence[str]
+    control_dir: Path
+    assignment_file: Path | None = None
+    static_assignment: Assignment | None = None
+    poll_s: float = 0.2
+    stop_timeout_s: float = 120.0
+    grace_s: float = 25.0
+    state_file: Path | None = None
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+class Agent:
+    """One pod's agent (see the module docstring). ``run()`` returns the exit code."""
+
+    def __init__(self, config: AgentConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+        if config.assignment_file is None and config.static_assignment is None:
+            raise ValueError("an agent needs an assignment file or a static assignment")
+        self.config = config
+        self.control = ControlDir(config.control_dir)
+        self.clock = clock
+        self._terminating = False
+        self._finished_version: int | None = None
+        self._said_waiting = False
+        self.state: dict[str, Any] = {"phase": "waiting", "trainerStarts": 0}
+
+    # ---- state ------------------------------------------------------------------------------
+
+    def _set_state(self, **changes: Any) -> None:
+        self.state.update(changes)
+        path = self.config.state_file
+        if path is not None:
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps(self.state, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, path)
+
+    def _read(self) -> Assignment | None:
+        if self.config.static_assignment is not None:
+            return self.config.static_assignment
+        assert self.config.assignment_file is not None
+        return read_assignment_file(self.config.assignment_file)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self._terminating = True
+
+    # ---- main loop --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Serve world versions until done, stopped or terminated; return the exit code."""
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            return self._loop()
+        except AssignmentError as err:
+            log.error("bad assignment: %s", err)
+            self._set_state(phase="failed", error=str(err))
+            return exitcodes.CONFIG
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _loop(self) -> int:
+        while True:
+            if self._terminating:
+                self._set_state(phase="terminated")
+                return exitcodes.OK
+            a = self._read()
+            if a is not None and a.stop:
+                log.info("assignment says stop: exiting")
+                self._set_state(phase="stopped", worldVersion=a.world_version)
+                return exitcodes.OK
+            runnable = (
+                a is not None
+                and not a.waiting
+                and (self._finished_version is None or a.world_version > self._finished_version)
+            )
+            if not runnable:
+                if self.config.static_assignment is not None:
+                    return exitcodes.OK  # a static world that has stopped: nothing to wait for
+                if not self._said_waiting:
+                    log.info("waiting for a world assignment in %s", self.config.assignment_file)
+                    self._said_waiting = True
+                time.sleep(self.config.poll_s)
+                continue
+            assert a is not None
+            self._said_waiting = False
+            outcome = self._run_world(a)
+            self._finished_version = a.world_version
+            if outcome == "done":
+                self._set_state(phase="done", worldVersion=a.world_version)
+                return exitcodes.OK
+            if outcome == "terminated":
+                return exitcodes.OK if self.state.get("checkpointed") else exitcodes.RETRYABLE
+            if outcome == "failed":
+                newer = self._read()
+                if newer is None or newer.waiting or newer.world_version <= a.world_version:
+                    self._set_state(phase="failed", worldVersion=a.world_version)
+                    return exitcodes.RETRYABLE
+                log.info("trainer failed but world version %d is assigned", newer.world_version)
+                continue
+            self._set_state(phase="stopped", worldVersion=a.world_version)
+
+    def _trainer_env(self, a: Assignment, local_rank: int) -> dict[str, str]:
+        env = dict(self.config.env)
+        env.update(
+            {
+                "RANK": str(a.rank + local_rank),
+                "LOCAL_RANK": str(local_rank),
+                "WORLD_SIZE": str(a.world_size),
+                "LOCAL_WORLD_SIZE": str(a.local_world_size),
+                "MASTER_ADDR": a.master_addr,
+                "MASTER_PORT": str(a.master_port),
+                "ELASTRA_WORLD_VERSION": str(a.world_version),
+                "ELASTRA_ASSIGNMENT_JSON": a.to_json(),
+                CONTROL_DIR_ENV: str(self.control.path),
+            }
+        )
+        return env
+
+    def _run_world(self, a: Assignment) -> Outcome:
+        """Run the trainers of world ``a`` until they all exit or are killed."""
+        self.control.reset()
+        log.info(
+            "world version %d: ranks %d..%d of %d",
+            a.world_version,
+            a.rank,
+            a.rank + a.local_world_size - 1,
+            a.world_size,
+        )
+        procs = [
+            subprocess.Popen(
+                list(self.config.command),
+                env=self._trainer_env(a, lr),
+                start_new_session=True,  # its own process group: killed as a whole
+            )
+            for lr in range(a.local_world_size)
+        ]
+        self._set_state(
+            phase="running",
+            worldVersion=a.world_version,
+            worldSize=a.world_size,
+            rank=a.rank,
+            trainerStarts=self.state["trainerStarts"] + len(procs),
+            trainerPids=[p.pid for p in procs],
+            checkpointed=False,
+        )
+        deadline: float | None = None
+        stop_sent = False
+        terminated = False
+        while True:
+            codes = [p.poll() for p in procs]
+            if any(c not in (None, 0) for c in codes):
+                bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+                log.warning("trainer(s) failed (local rank, exit code): %s", bad)
+                _kill_all(procs)
+                return "terminated" if terminated else "failed"
+            if all(c == 0 for c in codes):
+                break
+            if self._terminating and not terminated:
+                terminated = True
+                self.control.request_stop("SIGTERM")
+                stop_sent = True
+                deadline = self.clock() + self.config.grace_s
+            if not stop_sent:
+                newer = self._read()
+                if newer is None or newer.stop or newer.world_version != a.world_version:
+                    why = "stop" if newer is not None and newer.stop else "new world version"
+                    log.info("asking trainers to stop at the next step boundary (%s)", why)
+                    self.control.request_stop(why)
+                    stop_sent = True
+                    deadline = self.clock() + self.config.stop_timeout_s
+            if deadline is not None and self.clock() > deadline:
+                log.warning("trainers did not stop in time: killing them")
+                _kill_all(procs)
+                return "terminated" if terminated else "failed"
+            time.sleep(self.config.poll_s)
+        statuses = [self.control.status(lr) for lr in range(len(procs))]
+        checkpointed = all(s is not None and s.checkpoint_step == s.step for s in statuses)
+        self._set_state(checkpointed=checkpointed)
+        if terminated:
+            return "terminated"
+        if all(s is None or s.state == "done" for s in statuses):
+            return "done"
+        return "stopped"
+
+
+def _kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL each trainer's process group (ours: started with start_new_session)."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        p.wait()

@@ -1,0 +1,72 @@
+"""Prometheus metrics of one worker pod, served by the agent on a stable port.
+
+The agent, not the trainer, serves them: trainers come and go with every world version, the agent
+lives as long as the pod, so the operator scrapes one address. Trainers report progress through
+the control directory after every step; a scrape reads the newest report, so nothing here runs
+between scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+METRICS_PORT_ENV = "ELASTRA_METRICS_PORT"
+DEFAULT_METRICS_PORT = 9400
+
+
+class WorkerCollector(Collector):
+    """Turns the agent's state and the trainer's last progress report into metrics."""
+
+    def __init__(
+        self,
+        progress: Callable[[], dict[str, Any] | None],
+        agent_state: Callable[[], dict[str, Any]],
+    ) -> None:
+        self._progress = progress
+        self._agent_state = agent_state
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """One sample per metric; a metric whose value is unknown yet is left out."""
+        state = self._agent_state()
+        progress = self._progress() or {}
+        gauges = [
+            ("elastra_worker_step", "Optimizer steps completed", progress.get("step")),
+            ("elastra_worker_loss", "Loss of the last step", progress.get("loss")),
+            (
+                "elastra_worker_samples_per_second",
+                "Global samples per second over the last step",
+                progress.get("samplesPerSecond"),
+            ),
+            (
+                "elastra_worker_last_checkpoint_step",
+                "Step of the last committed checkpoint",
+                progress.get("lastCheckpointStep"),
+            ),
+            ("elastra_worker_world_version", "World version", state.get("worldVersion")),
+            ("elastra_worker_world_size", "Trainer processes in the world", state.get("worldSize")),
+            ("elastra_worker_rank", "Global rank of the pod's first trainer", state.get("rank")),
+        ]
+        for name, doc, value in gauges:
+            if isinstance(value, int | float):
+                g = GaugeMetricFamily(name, doc)
+                g.add_metric([], float(value))
+                yield g
+        c = CounterMetricFamily(
+            "elastra_worker_trainer_starts", "Trainer processes started by this agent"
+        )
+        c.add_metric([], float(state.get("trainerStarts", 0)))
+        yield c
+
+
+def serve(port: int, collector: WorkerCollector) -> CollectorRegistry:
+    """Start the HTTP endpoint in a daemon thread; return its registry."""
+    from prometheus_client import start_http_server
+
+    registry = CollectorRegistry()
+    registry.register(collector)
+    start_http_server(port, registry=registry)
+    return registry
