@@ -110,6 +110,11 @@ class PlanStatus(StatusModel):
         max_length=16,
         description="Sequences per step per data-parallel replica of each GPU type.",
     )
+    dp_shares: list[int] = Field(
+        default_factory=list,
+        max_length=65536,
+        description="Sequences per step of each data-parallel rank, in rank order.",
+    )
     predicted_step_millis: int = Field(default=0, ge=0)
     predicted_tokens_per_second: int = Field(default=0, ge=0)
     bottleneck: Annotated[str, StringConstraints(max_length=32)] = ""

@@ -1,0 +1,152 @@
+"""Turn the pods and nodes the API returned into what the pure decisions read.
+
+Pure: dicts in, frozen values out. This is where Kubernetes' many ways of saying a pod is
+gone (phase Failed with reason Evicted, a deletion timestamp, a node that vanished or went
+NotReady) become the few states the resize policy decides on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from elastra.controller.manifests import (
+    ANNOTATION_ASSIGNMENT,
+    ANNOTATION_GPU_TYPE,
+    ANNOTATION_NODE,
+    ANNOTATION_RETIRED,
+    GANG_GATE,
+    LABEL_SLOT,
+)
+from elastra.elastic.workers import NodeHealth, NodeName, PodName, WorkerView, classify
+
+JsonDict = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """One worker pod reduced to what the controller uses."""
+
+    view: WorkerView
+    raw: Mapping[str, Any]
+    assignment: str
+    assignment_version: int
+    ip: str | None
+    bound: bool
+    gated: bool
+    exit_code: int | None
+
+    @property
+    def name(self) -> PodName:
+        """The pod's name."""
+        return self.view.pod
+
+
+def parse_time(value: Any, default: datetime) -> datetime:
+    """An RFC 3339 timestamp from the API, or ``default`` when absent or malformed."""
+    if not value:
+        return default
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return default
+
+
+def format_time(moment: datetime) -> str:
+    """The API's RFC 3339 form, seconds precision, UTC."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node_health(nodes: Iterable[Mapping[str, Any]]) -> dict[str, NodeHealth]:
+    """Health of every node by name."""
+    health: dict[str, NodeHealth] = {}
+    for node in nodes:
+        name = str((node.get("metadata") or {}).get("name", ""))
+        conditions = (node.get("status") or {}).get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        schedulable = not (node.get("spec") or {}).get("unschedulable", False)
+        health[name] = NodeHealth(exists=True, ready=ready, schedulable=schedulable)
+    return health
+
+
+_MISSING = NodeHealth(exists=False, ready=False, schedulable=False)
+
+
+def pod_facts(
+    pod: Mapping[str, Any], nodes: Mapping[str, NodeHealth], *, now: datetime
+) -> PodFacts:
+    """Classify one worker pod."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    created = parse_time(meta.get("creationTimestamp"), now)
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    ready_condition = conditions.get("Ready") or {}
+    scheduled = conditions.get("PodScheduled") or {}
+    gated = any(g.get("name") == GANG_GATE for g in spec.get("schedulingGates") or [])
+    bound_node = spec.get("nodeName")
+    node = None if not bound_node else nodes.get(str(bound_node), _MISSING)
+    terminated = _terminated(status)
+    state = classify(
+        phase=str(status.get("phase", "Pending")),
+        ready=ready_condition.get("status") == "True",
+        gated=gated,
+        deleting=bool(meta.get("deletionTimestamp")),
+        reason=status.get("reason"),
+        node=node,
+    )
+    since = created
+    for condition in (ready_condition, scheduled):
+        since = max(since, parse_time(condition.get("lastTransitionTime"), since))
+    if terminated is not None:
+        since = parse_time(terminated.get("finishedAt"), since)
+    retired = annotations.get(ANNOTATION_RETIRED)
+    assignment = str(annotations.get(ANNOTATION_ASSIGNMENT, ""))
+    view = WorkerView(
+        pod=PodName(str(meta.get("name", ""))),
+        slot=_int(labels.get(LABEL_SLOT), -1),
+        state=state,
+        since=since,
+        node=NodeName(str(bound_node or annotations.get(ANNOTATION_NODE) or "")) or None,
+        gpu_type=annotations.get(ANNOTATION_GPU_TYPE),
+        exit_code=None if terminated is None else _int(terminated.get("exitCode"), None),
+        unschedulable=scheduled.get("reason") == "Unschedulable",
+        retiring_since=parse_time(retired, now) if retired else None,
+    )
+    return PodFacts(
+        view=view,
+        raw=pod,
+        assignment=assignment,
+        assignment_version=_assignment_version(assignment),
+        ip=status.get("podIP"),
+        bound=bool(bound_node),
+        gated=gated,
+        exit_code=view.exit_code,
+    )
+
+
+def _terminated(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for container in status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated:
+            return dict(terminated)
+    return None
+
+
+def _assignment_version(text: str) -> int:
+    try:
+        return int(json.loads(text).get("worldVersion", 0)) if text else 0
+    except (ValueError, AttributeError, TypeError):
+        return 0
+
+
+def _int(value: Any, default: Any) -> Any:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default

@@ -1,0 +1,216 @@
+"""The operator's two questions to the planner, asked in the planner's terms.
+
+1. *Where do new pods go?* Plan the whole job on the capacity it could have (free GPUs plus
+   the GPUs its own live pods hold), keep existing pods where they are, and give new pods the
+   plan's remaining slots. Planning the whole job, not just the new pods, keeps the plan the
+   operator places equal to the one ``elastra plan`` prints for the same cluster.
+2. *How does this set of pods train?* Plan exactly the world's pods (their nodes and GPU
+   types, nothing else) to get dp/tp/pp, the micro-batch and the batch shares of each
+   data-parallel rank, which go into the assignments.
+
+Pure: it reads node and pod dicts and returns values. A node the planner cannot understand
+(an unknown GPU type) is left out with its reason instead of failing every job's plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from elastra.api import PlanStatus, TrainingJob
+from elastra.controller.manifests import ANNOTATION_NODE, LABEL_JOB
+from elastra.controller.observe import PodFacts
+from elastra.errors import UserError
+from elastra.planner import Inventory, JobRequirements, Plan, parse_inventory, plan_job
+from elastra.planner.fromspec import requirements_from_spec
+from elastra.planner.inventory import ExcludedNode, NodeCapacity, NodeName
+
+JsonDict = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class NewPod:
+    """Where the planner puts one new pod."""
+
+    node: str
+    gpu_type: str
+
+
+@dataclass(frozen=True)
+class Placement:
+    """New pods' places, or why none could be found."""
+
+    pods: tuple[NewPod, ...]
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class WorldPlan:
+    """How a set of pods trains: ranks per pod and the plan to record in status."""
+
+    order: tuple[str, ...]
+    """Pod names in rank order."""
+    first_rank: Mapping[str, int]
+    gpu_type: Mapping[str, str]
+    size: int
+    status: PlanStatus
+    tokens_per_second: float
+
+
+def cluster_inventory(
+    nodes: Iterable[JsonDict], pods: Iterable[JsonDict], *, own_job: str | None = None
+) -> Inventory:
+    """Capacity left by every pod except ``own_job``'s, counting pods not yet bound.
+
+    Elastra's gated pods are not bound yet but will be: they count against the node named in
+    their ``elastra.dev/node`` annotation, so two jobs never plan onto the same free GPUs.
+    """
+    holding = [_as_bound(p) for p in pods if _labels(p).get(LABEL_JOB) != own_job or not own_job]
+    node_list = list(nodes)
+    try:
+        return parse_inventory(node_list, holding)
+    except UserError:
+        return _inventory_node_by_node(node_list, holding)
+
+
+def _inventory_node_by_node(nodes: list[JsonDict], pods: list[JsonDict]) -> Inventory:
+    good: list[NodeCapacity] = []
+    excluded: list[ExcludedNode] = []
+    for node in nodes:
+        try:
+            parsed = parse_inventory([node], pods)
+        except UserError as err:
+            name = str((node.get("metadata") or {}).get("name", "?"))
+            excluded.append(ExcludedNode(NodeName(name), str(err)))
+            continue
+        good.extend(parsed.nodes)
+        excluded.extend(parsed.excluded)
+    return Inventory(
+        nodes=tuple(sorted(good, key=lambda n: n.name)),
+        excluded=tuple(sorted(excluded, key=lambda n: n.name)),
+    )
+
+
+def _labels(pod: JsonDict) -> Mapping[str, str]:
+    return (pod.get("metadata") or {}).get("labels") or {}
+
+
+def _as_bound(pod: JsonDict) -> JsonDict:
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName"):
+        return pod
+    planned = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_NODE)
+    if not planned:
+        return pod
+    return {**pod, "spec": {**spec, "nodeName": planned}}
+
+
+def requirements(job: TrainingJob, *, replicas: int, minimum: int) -> JobRequirements:
+    """The job's requirements with the pod count bounded to ``minimum..replicas``."""
+    base = requirements_from_spec(job.spec)
+    return dataclasses.replace(base, replicas=replicas, min_replicas=min(minimum, replicas))
+
+
+def place_new_pods(
+    job: TrainingJob,
+    inventory: Inventory,
+    *,
+    keep: Sequence[PodFacts],
+    count: int,
+    desired: int,
+) -> Placement:
+    """Nodes for ``count`` new pods, given the pods ``keep`` already holds.
+
+    ``inventory`` must count ``keep``'s GPUs as free (see ``cluster_inventory(own_job=...)``):
+    the plan is for the whole job and existing pods are matched to it by node.
+    """
+    if count <= 0:
+        return Placement(pods=())
+    result = plan_job(
+        requirements(job, replicas=desired, minimum=len(keep) + 1), inventory, top_k=1
+    )
+    if not result.feasible:
+        return Placement(pods=(), reason=result.reason or "no plan fits")
+    plan = result.plans[0]
+    held = Counter(str(p.view.node) for p in keep)
+    free: list[NewPod] = []
+    for pod in plan.pods:
+        if held[str(pod.node)] > 0:
+            held[str(pod.node)] -= 1
+        else:
+            free.append(NewPod(node=str(pod.node), gpu_type=str(pod.gpu_type)))
+    return Placement(pods=tuple(free[:count]))
+
+
+def plan_world(job: TrainingJob, inventory: Inventory, members: Sequence[PodFacts]) -> WorldPlan:
+    """The plan for exactly ``members``; raises ``UserError`` when they cannot train."""
+    per_node = Counter(str(p.view.node) for p in members)
+    devices = max(job.spec.worker.gpus, 1)
+    by_name = {node.name: node for node in inventory.nodes}
+    nodes: list[NodeCapacity] = []
+    for name, count in sorted(per_node.items()):
+        node = by_name.get(NodeName(name))
+        if node is None:
+            raise UserError(f"node {name} of a world member is not schedulable capacity")
+        cpu = int(requirements_from_spec(job.spec).cpus_per_worker * 1000)
+        nodes.append(
+            dataclasses.replace(
+                node,
+                free_gpus=count * devices if job.spec.worker.gpus else 0,
+                free_cpu_millis=count * cpu,
+            )
+        )
+    n = len(members)
+    result = plan_job(
+        requirements(job, replicas=n, minimum=n), Inventory(nodes=tuple(nodes)), top_k=1
+    )
+    if not result.feasible:
+        raise UserError(f"the {n} workers cannot train this job: {result.reason}")
+    plan = result.plans[0]
+    remaining = {
+        name: sorted((p for p in members if p.view.node == name), key=lambda p: p.view.slot)
+        for name in per_node
+    }
+    order: list[str] = []
+    first_rank: dict[str, int] = {}
+    gpu_type: dict[str, str] = {}
+    for slot in sorted(plan.pods, key=lambda p: p.first_rank):
+        pod = remaining[str(slot.node)].pop(0)
+        order.append(pod.name)
+        first_rank[pod.name] = slot.first_rank
+        gpu_type[pod.name] = str(slot.gpu_type)
+    return WorldPlan(
+        order=tuple(order),
+        first_rank=first_rank,
+        gpu_type=gpu_type,
+        size=plan.gpus,
+        status=plan_status(plan),
+        tokens_per_second=plan.predicted.tokens_per_s,
+    )
+
+
+def plan_status(plan: Plan) -> PlanStatus:
+    """The plan as ``status.plan`` records it (integers only, as API conventions ask)."""
+    shares = {str(t.gpu_type): t.batch_share for t in plan.types}
+    dp_type: dict[int, str] = {}
+    for rank in plan.ranks:
+        dp_type.setdefault(rank.dp_rank, str(rank.gpu_type))
+    return PlanStatus(
+        dp=plan.dp,
+        tp=plan.tp,
+        pp=plan.pp,
+        shape=f"{plan.dp}x{plan.tp}x{plan.pp}",
+        micro_batch_size=plan.micro_batch,
+        sharding=plan.sharding,
+        recompute=plan.recompute,
+        gpu_types={str(t.gpu_type): t.gpus for t in plan.types},
+        gpu_summary=",".join(f"{t.gpu_type}:{t.gpus}" for t in plan.types),
+        batch_shares=shares,
+        dp_shares=[shares[dp_type[i]] for i in range(plan.dp)],
+        predicted_step_millis=round(plan.predicted.step_time_s * 1000),
+        predicted_tokens_per_second=round(plan.predicted.tokens_per_s),
+        bottleneck=plan.predicted.bottleneck,
+    )

@@ -1,0 +1,127 @@
+"""The API paths and verbs Elastra uses, named for what they do.
+
+Controllers and CLI commands call these instead of building URLs, so every request Elastra
+can make is listed in one module (and matches the ClusterRole the Helm chart grants).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from elastra.api.resource import GROUP, PLURAL, VERSION
+from elastra.kube.client import MERGE_PATCH, JsonDict, Kube
+
+JOBS = f"/apis/{GROUP}/{VERSION}"
+
+
+def job_path(namespace: str, name: str) -> str:
+    """Path of one TrainingJob."""
+    return f"{JOBS}/namespaces/{namespace}/{PLURAL}/{name}"
+
+
+def pods_path(namespace: str) -> str:
+    """Collection path of Pods in a namespace."""
+    return f"/api/v1/namespaces/{namespace}/pods"
+
+
+async def get_job(kube: Kube, namespace: str, name: str) -> JsonDict | None:
+    """One TrainingJob, or ``None`` if it is gone."""
+    return await kube.get(job_path(namespace, name))
+
+
+async def list_jobs(kube: Kube, namespace: str | None = None) -> list[JsonDict]:
+    """TrainingJobs in one namespace or all."""
+    where = f"/namespaces/{namespace}" if namespace else ""
+    return await kube.list(f"{JOBS}{where}/{PLURAL}")
+
+
+async def list_nodes(kube: Kube) -> list[JsonDict]:
+    """Every Node."""
+    return await kube.list("/api/v1/nodes")
+
+
+async def list_pods(
+    kube: Kube, namespace: str | None = None, *, selector: str | None = None
+) -> list[JsonDict]:
+    """Pods in one namespace or all, optionally by label selector."""
+    path = pods_path(namespace) if namespace else "/api/v1/pods"
+    return await kube.list(path, label_selector=selector)
+
+
+async def create_pod(kube: Kube, namespace: str, pod: JsonDict) -> JsonDict | None:
+    """Create a pod; ``None`` when it already exists."""
+    return await kube.create(pods_path(namespace), pod)
+
+
+async def patch_pod(kube: Kube, namespace: str, name: str, patch: JsonDict) -> JsonDict | None:
+    """Merge-patch a pod; ``None`` when it is gone."""
+    return await kube.patch(f"{pods_path(namespace)}/{name}", patch, kind=MERGE_PATCH)
+
+
+async def delete_pod(
+    kube: Kube, namespace: str, name: str, *, grace_seconds: int | None = None
+) -> bool:
+    """Delete a pod (graceful unless told otherwise); ``False`` when it was already gone."""
+    return await kube.delete(f"{pods_path(namespace)}/{name}", grace_seconds=grace_seconds)
+
+
+async def ensure_service(kube: Kube, namespace: str, service: JsonDict) -> None:
+    """Create a Service unless one of that name exists."""
+    await kube.create(f"/api/v1/namespaces/{namespace}/services", service)
+
+
+async def replace_job_status(kube: Kube, job: JsonDict) -> JsonDict:
+    """Write status with the job's resourceVersion as precondition (raises ``ConflictError``)."""
+    meta = job["metadata"]
+    return await kube.replace(f"{job_path(meta['namespace'], meta['name'])}/status", job)
+
+
+async def record_event(
+    kube: Kube,
+    job: JsonDict,
+    *,
+    kind: str,
+    reason: str,
+    message: str,
+    now: datetime | None = None,
+) -> None:
+    """A core/v1 Event on the TrainingJob, as ``kubectl describe tj`` shows."""
+    meta = job["metadata"]
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    event: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{meta['name']}.{time.time_ns():x}",
+            "namespace": meta["namespace"],
+        },
+        "involvedObject": {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "TrainingJob",
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "type": kind,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": "elastra-operator"},
+        "reportingComponent": "elastra.dev/operator",
+        "reportingInstance": "elastra-operator",
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+    await kube.create(f"/api/v1/namespaces/{meta['namespace']}/events", event)
+
+
+async def list_events(kube: Kube, namespace: str, name: str) -> list[JsonDict]:
+    """Events about one TrainingJob, oldest first."""
+    events = await kube.list(
+        f"/api/v1/namespaces/{namespace}/events",
+        field_selector=f"involvedObject.kind=TrainingJob,involvedObject.name={name}",
+    )
+    return sorted(events, key=lambda e: str(e.get("lastTimestamp") or ""))
