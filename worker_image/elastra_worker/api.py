@@ -276,7 +276,7 @@ class Session:
             world_version=a.world_version,
             keep=a.checkpoint.keep,
             thread_count=int(os.environ.get("ELASTRA_CHECKPOINT_THREADS", "4")),
-            before_commit=self.faults.in_save,
+            after_write=self.faults.in_save,
         )
         log.info(
             "rank %d/%d joined world version %d (%s, consistency %s)",

@@ -73,8 +73,8 @@ class Checkpointer:
     """Collective save/load of a state dict under one job's checkpoint root.
 
     Every method is collective over ``group`` (a gloo group): all ranks call it together.
-    ``before_commit`` is a test hook that runs on each rank after its shards are written and
-    hashed, before rank 0 commits (fault injection kills a rank there).
+    ``after_write`` is a test hook that runs on each rank after DCP has written the shards,
+    before they are hashed and committed (fault injection kills a rank there).
     """
 
     def __init__(
@@ -85,14 +85,14 @@ class Checkpointer:
         world_version: int,
         keep: int,
         thread_count: int = 4,
-        before_commit: Callable[[int], None] | None = None,
+        after_write: Callable[[int], None] | None = None,
     ) -> None:
         self.root = root
         self.group = group
         self.world_version = world_version
         self.keep = keep
         self.thread_count = thread_count
-        self.before_commit = before_commit
+        self.after_write = after_write
         self._async: threading.Thread | None = None
         self._async_error: BaseException | None = None
         self._async_result: SaveResult | None = None
@@ -161,13 +161,13 @@ class Checkpointer:
             overwrite=True,
         )
         dcp.save(state, storage_writer=writer, process_group=group)
+        if self.after_write is not None:
+            self.after_write(step)
         names: list[str] = _broadcast(sorted(os.listdir(partial)) if rank == 0 else None, group)
         mine = [n for i, n in enumerate(names) if file_owner(n, i, world) == rank]
         entries = _hash_files(partial, mine)
         gathered: list[dict[str, FileEntry] | None] = [None] * world
         dist.all_gather_object(gathered, entries, group=group)
-        if self.before_commit is not None:
-            self.before_commit(step)
         final = self.root.step_path(step)
         total = 0
         if rank == 0:

@@ -1,0 +1,1 @@
+"""Tests of elastra_worker, the in-pod runtime (CPU, gloo, several processes)."""
