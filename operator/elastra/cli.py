@@ -15,10 +15,10 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from elastra.commands import crds, plan, version
+from elastra.commands import crds, plan, run, version
 from elastra.errors import UserError
 
-COMMANDS: tuple[ModuleType, ...] = (version, crds, plan)
+COMMANDS: tuple[ModuleType, ...] = (version, crds, plan, run)
 
 
 def build_parser() -> argparse.ArgumentParser:

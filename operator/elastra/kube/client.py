@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
+from prometheus_client import Counter as Metric
 
 from elastra.kube.config import Connection
 
@@ -55,6 +56,8 @@ class ConflictError(ApiError):
 class InvalidError(ApiError):
     """422: the server rejected the object (admission, CEL, schema)."""
 
+
+API_ERRORS = Metric("elastra_api_errors_total", "Failed API requests", ["status"])
 
 _ERRORS: dict[int, type[ApiError]] = {404: NotFoundError, 409: ConflictError, 422: InvalidError}
 
@@ -118,6 +121,8 @@ class Kube:
         async with self._session.request(method, url, data=data, headers=headers) as response:
             text = await response.text()
             if response.status >= 400:
+                if response.status not in {404, 409}:
+                    API_ERRORS.labels(status=str(response.status)).inc()
                 raise _error(response.status, text)
             return json.loads(text) if text else {}
 

@@ -35,6 +35,10 @@ class Connection:
     namespace: str = "default"
     token_file: Path | None = None
     """Re-read per request: projected service-account tokens rotate."""
+    ca_pem: bytes | None = None
+    client_cert_pem: bytes | None = None
+    client_key_pem: bytes | None = None
+    """Kept so that Kopf's own watch connections can log in with the same identity."""
 
     def auth_headers(self) -> dict[str, str]:
         """Headers for the next request (a rotated token file is read again)."""
@@ -72,6 +76,7 @@ def in_cluster_connection() -> Connection:
         ssl_context=context,
         namespace=namespace,
         token_file=SERVICE_ACCOUNT / "token",
+        ca_pem=(SERVICE_ACCOUNT / "ca.crt").read_bytes(),
     )
 
 
@@ -92,16 +97,16 @@ def kubeconfig_connection(path: Path, *, context: str | None = None) -> Connecti
     if not server:
         raise UserError(f"{path}: cluster {ctx.get('cluster')!r} has no server")
     ssl_context: ssl.SSLContext | None = None
+    ca = _material(cluster, "certificate-authority", base)
+    cert = _material(user, "client-certificate", base)
+    key = _material(user, "client-key", base)
     if server.startswith("https://"):
         ssl_context = ssl.create_default_context()
         if cluster.get("insecure-skip-tls-verify"):
             ssl_context.check_hostname = False
             ssl_context.verify_mode = ssl.CERT_NONE
-        ca = _material(cluster, "certificate-authority", base)
         if ca is not None:
             ssl_context.load_verify_locations(cadata=ca.decode())
-        cert = _material(user, "client-certificate", base)
-        key = _material(user, "client-key", base)
         if cert is not None and key is not None:
             _load_cert_chain(ssl_context, cert, key)
     if "exec" in user or "auth-provider" in user:
@@ -121,6 +126,9 @@ def kubeconfig_connection(path: Path, *, context: str | None = None) -> Connecti
         headers=headers,
         namespace=str(ctx.get("namespace") or "default"),
         token_file=token_file,
+        ca_pem=ca,
+        client_cert_pem=cert,
+        client_key_pem=key,
     )
 
 

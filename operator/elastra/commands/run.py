@@ -1,0 +1,107 @@
+"""``elastra run``: run the operator (what the Helm chart's Deployment starts)."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+from typing import Any
+
+from elastra.controller.operator import RunOptions
+from elastra.controller.operator import run as run_operator
+from elastra.controller.settings import OperatorSettings, Toleration
+from elastra.errors import UserError
+from elastra.kube.config import load_connection
+
+
+def register(sub: Any) -> None:
+    """Add the ``run`` subcommand."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "run",
+        help="run the operator against the current cluster",
+        description=(
+            "Run the Elastra operator: watch TrainingJobs, plan and place their workers, "
+            "resize worlds. Uses --kubeconfig, $KUBECONFIG or the pod's service account."
+        ),
+    )
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG)")
+    parser.add_argument("--namespace", help="watch one namespace (default: all)")
+    parser.add_argument(
+        "--toleration",
+        action="append",
+        default=[],
+        metavar="KEY[=VALUE][:EFFECT]",
+        help="add a toleration to every worker pod (repeatable), e.g. "
+        "kwok.x-k8s.io/node=fake:NoSchedule for simulated nodes",
+    )
+    parser.add_argument(
+        "--resync-seconds",
+        type=int,
+        default=30,
+        metavar="S",
+        help="longest time between passes over a job (default 30)",
+    )
+    parser.add_argument(
+        "--grace-seconds",
+        type=int,
+        default=120,
+        metavar="S",
+        help="workers' termination grace period, to checkpoint (default 120)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8080,
+        help="Prometheus /metrics port, 0 to disable (default 8080)",
+    )
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=8081,
+        help="liveness /healthz port, 0 to disable (default 8081)",
+    )
+    parser.add_argument(
+        "--peering",
+        metavar="NAME",
+        help="ClusterKopfPeering to join: only the highest priority runs",
+    )
+    parser.add_argument(
+        "--priority", type=int, default=0, help="peering priority (the chart's operator uses 100)"
+    )
+    parser.add_argument("--log-format", choices=["json", "plain"], default="json")
+    parser.add_argument("--verbose", action="store_true", help="debug logging")
+    parser.set_defaults(handler=run)
+
+
+def parse_toleration(text: str) -> Toleration:
+    """``key[=value][:Effect]`` as ``kubectl taint`` writes taints."""
+    body, _, effect = text.partition(":")
+    key, has_value, value = body.partition("=")
+    effect = effect or "NoSchedule"
+    if not key or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+        raise UserError(
+            f"--toleration {text!r}: expected KEY[=VALUE][:EFFECT] with EFFECT one of "
+            "NoSchedule, PreferNoSchedule, NoExecute"
+        )
+    return Toleration(key=key, value=value if has_value else None, effect=effect)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the operator; returns when interrupted."""
+    settings = OperatorSettings(
+        namespace=args.namespace,
+        tolerations=tuple(parse_toleration(t) for t in args.toleration),
+        resync=timedelta(seconds=args.resync_seconds),
+        termination_grace_seconds=args.grace_seconds,
+    )
+    options = RunOptions(
+        connection=load_connection(args.kubeconfig),
+        settings=settings,
+        metrics_port=args.metrics_port,
+        health_port=args.health_port,
+        peering=args.peering,
+        priority=args.priority,
+        json_logs=args.log_format == "json",
+        verbose=args.verbose,
+    )
+    run_operator(options)
+    return 0

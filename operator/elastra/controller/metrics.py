@@ -1,0 +1,58 @@
+"""The operator's Prometheus metrics, served on ``/metrics`` by ``elastra run``.
+
+Kopf has no exporter, so prometheus-client's default registry is used; each metric is
+defined once here and updated where the event happens. ``jobs`` is recomputed from a small
+map of job -> phase so that deleted jobs stop being counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from elastra.api import TrainingJobStatus
+
+JOBS = Gauge("elastra_jobs", "TrainingJobs by phase", ["phase"])
+RECONCILE_SECONDS = Histogram(
+    "elastra_reconcile_duration_seconds",
+    "Time of one reconcile pass over one job",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+PODS_CREATED = Counter("elastra_pods_created_total", "Worker pods created (placements)")
+RESIZES = Counter("elastra_resizes_total", "New world versions formed", ["reason"])
+RESTARTS = Gauge("elastra_job_restarts", "Failure-driven restarts per job", ["namespace", "job"])
+
+_phases: dict[tuple[str, str], str] = {}
+
+
+def observe_job(namespace: str, name: str, status: TrainingJobStatus) -> None:
+    """Record a job's phase and restarts after a pass."""
+    _phases[(namespace, name)] = str(status.phase or "Pending")
+    RESTARTS.labels(namespace=namespace, job=name).set(status.restarts)
+    _publish()
+
+
+def forget_job(namespace: str, name: str) -> None:
+    """A job was deleted: stop counting it."""
+    _phases.pop((namespace, name), None)
+    with contextlib.suppress(KeyError):
+        RESTARTS.remove(namespace, name)
+    _publish()
+
+
+def _publish() -> None:
+    counts: dict[str, int] = {}
+    for phase in _phases.values():
+        counts[phase] = counts.get(phase, 0) + 1
+    for phase in (
+        "Pending",
+        "Placing",
+        "Running",
+        "Resizing",
+        "Degraded",
+        "Suspended",
+        "Succeeded",
+        "Failed",
+    ):
+        JOBS.labels(phase=phase).set(counts.get(phase, 0))

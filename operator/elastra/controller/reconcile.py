@@ -1,0 +1,178 @@
+"""One reconcile pass against the API server: observe, decide (pure), apply.
+
+The only module of the controller that sequences API calls for a job. It reads the job, its
+pods, the nodes and the cluster's pods (through a short-lived shared snapshot, so a burst of
+passes over many jobs costs one list of nodes and pods, not one per job), hands them to
+``plan_pass`` and applies the result in the order the protocol needs: status first (with a
+resourceVersion precondition), then deletes, pod patches, creates and ungates, then events.
+
+A 409 on the status write means another writer got there first: the pass stops and the next
+one re-reads. Nothing here swallows other errors; the caller logs them and retries later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from elastra.api import parse_trainingjob
+from elastra.controller import metrics
+from elastra.controller.manifests import headless_service, selector
+from elastra.controller.passplan import Observation, PassPlan, plan_pass
+from elastra.controller.settings import OperatorSettings
+from elastra.errors import UserError
+from elastra.kube import resources
+from elastra.kube.client import ConflictError, JsonDict, Kube, gather_limited
+
+log = logging.getLogger("elastra.reconcile")
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    """The real clock; tests pass their own."""
+    return datetime.now(UTC)
+
+
+@dataclass
+class ClusterSnapshot:
+    """Nodes and all pods, listed at most once per ``ttl`` and shared by every job's pass."""
+
+    kube: Kube
+    ttl_s: float = 1.0
+    _taken: float = -1e9
+    _nodes: list[JsonDict] = field(default_factory=list)
+    _pods: list[JsonDict] = field(default_factory=list)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def read(self) -> tuple[list[JsonDict], list[JsonDict]]:
+        """(nodes, pods), fresh within ``ttl_s``."""
+        async with self._lock:
+            if time.monotonic() - self._taken > self.ttl_s:
+                self._nodes, self._pods = await asyncio.gather(
+                    resources.list_nodes(self.kube), resources.list_pods(self.kube)
+                )
+                self._taken = time.monotonic()
+            return self._nodes, self._pods
+
+    def invalidate(self) -> None:
+        """Forget the snapshot: this operator just changed pods."""
+        self._taken = -1e9
+
+
+async def reconcile(
+    kube: Kube,
+    snapshot: ClusterSnapshot,
+    namespace: str,
+    name: str,
+    *,
+    settings: OperatorSettings,
+    clock: Clock = utc_now,
+) -> timedelta | None:
+    """Run one pass over a job; returns when the next pass is due (``None``: on events only)."""
+    started = time.monotonic()
+    try:
+        raw = await resources.get_job(kube, namespace, name)
+        if raw is None or (raw.get("metadata") or {}).get("deletionTimestamp"):
+            return None
+        try:
+            job = parse_trainingjob(raw, source=f"trainingjob {namespace}/{name}")
+        except UserError as err:
+            await _reject(kube, raw, str(err))
+            return None
+        pods = await resources.list_pods(kube, namespace, selector=selector(name))
+        nodes, cluster_pods = await snapshot.read()
+        plan = plan_pass(Observation(job, pods, nodes, cluster_pods), settings, clock())
+        await _apply(kube, snapshot, raw, plan, service=headless_service(job), settings=settings)
+        metrics.observe_job(namespace, name, plan.status)
+        return plan.requeue
+    except ConflictError:
+        log.debug("status of %s/%s changed under us; re-reading", namespace, name)
+        return timedelta(seconds=0.2)
+    finally:
+        metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+
+
+async def _apply(
+    kube: Kube,
+    snapshot: ClusterSnapshot,
+    raw: JsonDict,
+    plan: PassPlan,
+    *,
+    service: dict[str, Any],
+    settings: OperatorSettings,
+) -> None:
+    meta = raw["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    new_status = plan.status.to_wire()
+    if new_status != (raw.get("status") or {}):
+        await resources.replace_job_status(kube, {**raw, "status": new_status})
+        if plan.world_changed:
+            world = plan.status.world
+            log.info(
+                "job %s/%s: world v%d of %d workers (%s)",
+                namespace,
+                name,
+                world.version,
+                world.replicas,
+                plan.decision.reason if plan.decision else "",
+            )
+            reason = plan.decision.reason.value if plan.decision else "Resized"
+            metrics.RESIZES.labels(reason=reason).inc()
+    limit = settings.concurrency
+    if plan.deletes:
+        grace = settings.termination_grace_seconds
+        await gather_limited(
+            limit,
+            *(resources.delete_pod(kube, namespace, p, grace_seconds=grace) for p in plan.deletes),
+        )
+    if plan.patches:
+        await gather_limited(
+            limit, *(resources.patch_pod(kube, namespace, p, body) for p, body in plan.patches)
+        )
+    if plan.creates:
+        await resources.ensure_service(kube, namespace, service)
+        created = await gather_limited(
+            limit, *(resources.create_pod(kube, namespace, pod) for pod in plan.creates)
+        )
+        metrics.PODS_CREATED.inc(sum(1 for c in created if c is not None))
+    if plan.ungate:
+        await gather_limited(
+            limit,
+            *(
+                resources.patch_pod(kube, namespace, p, {"spec": {"schedulingGates": None}})
+                for p in plan.ungate
+            ),
+        )
+    if plan.deletes or plan.creates or plan.ungate:
+        snapshot.invalidate()
+    for event in plan.events:
+        await resources.record_event(
+            kube, raw, kind=event.type, reason=event.reason, message=event.message
+        )
+
+
+async def _reject(kube: Kube, raw: JsonDict, message: str) -> None:
+    """A spec the API server accepted but the operator cannot read: say so once."""
+    status = dict(raw.get("status") or {})
+    conditions = [c for c in status.get("conditions") or [] if c.get("type") != "Admitted"]
+    admitted = {
+        "type": "Admitted",
+        "status": "False",
+        "reason": "InvalidSpec",
+        "message": message[:4096],
+        "lastTransitionTime": utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if any(
+        c.get("type") == "Admitted" and c.get("message") == message
+        for c in status.get("conditions") or []
+    ):
+        return
+    status.update({"conditions": [*conditions, admitted], "phase": "Failed"})
+    await resources.replace_job_status(kube, {**raw, "status": status})
+    await resources.record_event(kube, raw, kind="Warning", reason="InvalidSpec", message=message)
