@@ -165,27 +165,34 @@ def _act(
     changed = False
     plan_problem: str | None = None
     if decision.world is not None:
-        restarts += 1 if decision.reason in FAILURE_REASONS else 0
-        if restarts > job.spec.failure_policy.max_restarts:
+        failure = decision.reason in FAILURE_REASONS
+        if failure and restarts + 1 > job.spec.failure_policy.max_restarts:
             return _fail(
                 job,
                 facts,
                 now,
                 reason="BackoffLimitExceeded",
                 message=(
-                    f"{restarts} restarts exceed failurePolicy.maxRestarts "
+                    f"{restarts + 1} restarts exceed failurePolicy.maxRestarts "
                     f"{job.spec.failure_policy.max_restarts}; last: {decision.message}"
                 ),
             )
+        pods: tuple[str, ...] = decision.world
         try:
-            formed = _form(job, inventory, [facts[p] for p in decision.world])
+            formed = _form(job, inventory, [facts[p] for p in pods])
         except UserError as err:
             plan_problem = str(err)
-        else:
+            # A broken world cannot go on: stop it and wait for a set of pods that can
+            # train. A healthy world that cannot grow or shrink that way keeps running.
+            formed, pods = None, ()
+            if not failure:
+                pods = tuple(world.ranks)
+        if pods != tuple(world.ranks) or formed is not None:
+            restarts += 1 if failure else 0
             world = WorldStatus(
                 version=world.version + 1,
                 size=formed.size if formed else 0,
-                replicas=len(decision.world),
+                replicas=len(formed.order) if formed else 0,
                 ranks=list(formed.order) if formed else [],
             )
             plan = formed.status if formed else plan
@@ -201,12 +208,12 @@ def _act(
             resizes = [*resizes, record][-MAX_RESIZE_HISTORY:]
             last_resize = format_time(now)
             changed = True
-            warn = decision.reason in FAILURE_REASONS or decision.degraded
+            warn = failure or decision.degraded or plan_problem is not None
             events.append(
                 EventSpec(
                     "Warning" if warn else "Normal",
                     decision.reason.value,
-                    f"world v{world.version}: {decision.message}",
+                    f"world v{world.version}: {plan_problem or decision.message}",
                 )
             )
     members = [facts[p] for p in world.ranks if p in facts]

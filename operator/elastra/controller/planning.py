@@ -69,7 +69,8 @@ def cluster_inventory(
     their ``elastra.dev/node`` annotation, so two jobs never plan onto the same free GPUs.
     """
     holding = [_as_bound(p) for p in pods if _labels(p).get(LABEL_JOB) != own_job or not own_job]
-    node_list = list(nodes)
+    # Items of a list response carry no ``kind``; the planner's parser wants one.
+    node_list = [{**node, "kind": "Node"} for node in nodes]
     try:
         return parse_inventory(node_list, holding)
     except UserError:

@@ -1,0 +1,112 @@
+"""A tiny in-memory stand-in for what the API server would return, for pure pass tests.
+
+Not a mock of the API server: nothing here answers requests. It holds node and pod dicts and
+applies a ``PassPlan`` the way ``elastra.controller.reconcile`` would, so a test can run
+passes back to back and read the cluster state like a transcript. The real API server is
+exercised by tests/integration.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from elastra.api import TrainingJob, parse_trainingjob
+from elastra.controller.passplan import Observation, PassPlan, plan_pass
+from elastra.controller.settings import OperatorSettings
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def node(name: str, *, gpus: int = 8, product: str = "NVIDIA-H100-80GB-HBM3") -> dict[str, Any]:
+    labels = {"kubernetes.io/hostname": name}
+    if gpus:
+        labels["nvidia.com/gpu.product"] = product
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {},
+        "status": {
+            "allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": str(gpus)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+@dataclass
+class FakeCluster:
+    """Nodes, pods and one job; ``step`` runs a pass and applies it."""
+
+    job_body: dict[str, Any]
+    nodes: list[dict[str, Any]]
+    settings: OperatorSettings = field(default_factory=OperatorSettings)
+    now: datetime = T0
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def job(self) -> TrainingJob:
+        return parse_trainingjob(self.job_body)
+
+    def step(self, seconds: float = 1.0) -> PassPlan:
+        """One pass at the current time, applied; then time moves on."""
+        obs = Observation(self.job, list(self.pods.values()), self.nodes, list(self.pods.values()))
+        plan = plan_pass(obs, self.settings, self.now)
+        self.job_body["status"] = plan.status.to_wire()
+        for name in plan.deletes:
+            self.pods.pop(name, None)
+        for name, patch in plan.patches:
+            meta = self.pods[name]["metadata"]
+            meta["annotations"].update(patch["metadata"].get("annotations", {}))
+            meta["labels"].update(patch["metadata"].get("labels", {}))
+        for pod in plan.creates:
+            created = copy.deepcopy(pod)
+            created["metadata"]["creationTimestamp"] = self.stamp()
+            created["status"] = {"phase": "Pending"}
+            self.pods[created["metadata"]["name"]] = created
+        for name in plan.ungate:
+            self.pods[name]["spec"].pop("schedulingGates", None)
+        self.events.extend((e.reason, e.message) for e in plan.events)
+        self.now += timedelta(seconds=seconds)
+        return plan
+
+    def stamp(self) -> str:
+        return self.now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def schedule_and_run(self) -> None:
+        """What the scheduler and kubelet would do: bind ungated pods, make them Ready."""
+        for pod in self.pods.values():
+            spec = pod["spec"]
+            if spec.get("schedulingGates") or pod["status"].get("phase") != "Pending":
+                continue
+            terms = spec["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]["nodeSelectorTerms"]
+            spec["nodeName"] = terms[0]["matchFields"][0]["values"][0]
+            pod["status"] = {
+                "phase": "Running",
+                "podIP": f"127.0.10.{len(spec['nodeName'])}",
+                "conditions": [
+                    {"type": "Ready", "status": "True", "lastTransitionTime": self.stamp()},
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": self.stamp()},
+                ],
+            }
+
+    def fail(self, name: str, code: int) -> None:
+        pod = self.pods[name]
+        pod["status"] = {
+            "phase": "Failed",
+            "containerStatuses": [
+                {"state": {"terminated": {"exitCode": code, "finishedAt": self.stamp()}}}
+            ],
+        }
+
+    def converge(self, passes: int = 10) -> None:
+        """Alternate operator passes and scheduler/kubelet until nothing changes."""
+        for _ in range(passes):
+            plan = self.step()
+            self.schedule_and_run()
+            quiet = not (plan.creates or plan.patches or plan.deletes or plan.ungate)
+            if quiet and plan.requeue is None:
+                return

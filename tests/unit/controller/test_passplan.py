@@ -1,0 +1,167 @@
+"""Reconcile passes as transcripts: job + cluster state -> what the operator writes."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from elastra.controller.manifests import ANNOTATION_ASSIGNMENT, GANG_GATE
+from elastra.controller.settings import OperatorSettings
+from elastra.elastic.resize import ResizePolicy
+from tests.unit.controller.fakecluster import FakeCluster, node
+
+SETTINGS = OperatorSettings(
+    policy=ResizePolicy(
+        settle=timedelta(seconds=1),
+        pending_grace=timedelta(seconds=20),
+        cooldown=timedelta(seconds=0),
+        retire_timeout=timedelta(seconds=30),
+    )
+)
+
+
+def job(replicas: int = 4, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "elastra.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "gpt", "namespace": "default", "uid": "u-1", "generation": 1},
+        "spec": {
+            "replicas": replicas,
+            "minReplicas": 2,
+            "worker": {"gpus": 8, "image": "elastra-worker:dev"},
+            "training": {"globalBatchSize": 96},
+            "failurePolicy": {"maxRestarts": 3, "backoffSeconds": 0},
+            **spec,
+        },
+    }
+    return body
+
+
+def assignment(cluster: FakeCluster, name: str) -> dict[str, Any]:
+    decoded: dict[str, Any] = json.loads(
+        cluster.pods[name]["metadata"]["annotations"][ANNOTATION_ASSIGNMENT]
+    )
+    return decoded
+
+
+def h100s(n: int) -> list[dict[str, Any]]:
+    return [node(f"h100-{i}") for i in range(n)]
+
+
+def test_first_pass_creates_gated_pods_on_planned_nodes() -> None:
+    cluster = FakeCluster(job(), h100s(4), SETTINGS)
+    plan = cluster.step()
+    assert len(plan.creates) == 4
+    for pod in plan.creates:
+        assert pod["spec"]["schedulingGates"] == [{"name": GANG_GATE}]
+        assert pod["spec"]["automountServiceAccountToken"] is False
+        assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    nodes = sorted(p["metadata"]["annotations"]["elastra.dev/node"] for p in plan.creates)
+    assert nodes == ["h100-0", "h100-1", "h100-2", "h100-3"]
+    assert not plan.ungate, "gates stay until every pod of the batch exists"
+    second = cluster.step()
+    assert sorted(second.ungate) == ["gpt-w0", "gpt-w1", "gpt-w2", "gpt-w3"]
+
+
+def test_world_forms_when_all_ready_and_assignments_follow() -> None:
+    cluster = FakeCluster(job(), h100s(4), SETTINGS)
+    cluster.converge()
+    status = cluster.job.status
+    assert status.world.version == 1
+    assert status.world.ranks == ["gpt-w0", "gpt-w1", "gpt-w2", "gpt-w3"]
+    assert status.world.size == 32
+    assert status.plan is not None and status.plan.dp * status.plan.tp * status.plan.pp == 32
+    assert sum(status.plan.dp_shares) == 96
+    ranks = sorted(assignment(cluster, p)["rank"] for p in cluster.pods)
+    assert ranks == [0, 8, 16, 24]
+    assert {assignment(cluster, p)["worldVersion"] for p in cluster.pods} == {1}
+    assert status.phase == "Running"
+    assert status.ready_replicas == 4
+
+
+def test_steady_state_writes_nothing() -> None:
+    cluster = FakeCluster(job(), h100s(4), SETTINGS)
+    cluster.converge()
+    before = json.dumps(cluster.job_body["status"], sort_keys=True)
+    plan = cluster.step()
+    assert not (plan.creates or plan.patches or plan.deletes or plan.ungate or plan.events)
+    assert json.dumps(plan.status.to_wire(), sort_keys=True) == before
+
+
+def test_runs_at_capacity_then_grows_when_nodes_appear() -> None:
+    cluster = FakeCluster(job(replicas=4), h100s(2), SETTINGS)
+    cluster.converge()
+    assert cluster.job.status.world.replicas == 2
+    assert cluster.job.status.phase == "Degraded"
+    cluster.nodes += [node("h100-2"), node("h100-3")]
+    cluster.converge()
+    status = cluster.job.status
+    assert status.world.replicas == 4 and status.world.version == 2
+    assert status.resizes[-1].reason == "ScaledUp"
+
+
+def test_failed_worker_is_dropped_replaced_and_counted() -> None:
+    cluster = FakeCluster(job(), h100s(5), SETTINGS)
+    cluster.converge()
+    cluster.fail("gpt-w1", 75)
+    cluster.converge()
+    status = cluster.job.status
+    assert status.restarts == 1
+    reasons = [(r.reason, r.to_replicas) for r in status.resizes]
+    assert reasons == [("WorldFormed", 4), ("WorkerFailed", 3), ("ScaledUp", 4)]
+    assert status.world.version == 3
+    assert len(cluster.pods) == 4, "the failed pod was deleted, one replacement created"
+
+
+def test_permanent_exit_code_fails_the_job() -> None:
+    cluster = FakeCluster(job(), h100s(4), SETTINGS)
+    cluster.converge()
+    cluster.fail("gpt-w2", 2)
+    plan = cluster.step()
+    assert cluster.job.status.phase == "Failed"
+    assert "permanent code 2" in plan.events[0].message
+    assert sorted(plan.deletes) == ["gpt-w0", "gpt-w1", "gpt-w3"]
+
+
+def test_unplaceable_job_creates_nothing_and_says_why() -> None:
+    cluster = FakeCluster(job(worker={"gpus": 8, "gpuTypes": ["T4"], "image": "x"}), h100s(4))
+    plan = cluster.step()
+    assert not plan.creates
+    admitted = next(c for c in plan.status.conditions if c.type == "Admitted")
+    assert admitted.status == "False" and admitted.reason == "Unplaceable"
+    assert any(e.type == "Warning" for e in plan.events)
+    again = cluster.step()
+    assert not again.events, "no repeated events on every pass"
+
+
+def test_scale_down_retires_then_deletes() -> None:
+    cluster = FakeCluster(job(replicas=4), h100s(4), SETTINGS)
+    cluster.converge()
+    cluster.job_body["spec"]["replicas"] = 2
+    cluster.step()
+    status = cluster.job.status
+    assert status.world.ranks == ["gpt-w0", "gpt-w1"] and status.world.version == 2
+    assert assignment(cluster, "gpt-w3")["stop"] is True
+    cluster.pods["gpt-w3"]["status"]["phase"] = "Succeeded"
+    cluster.pods["gpt-w2"]["status"]["phase"] = "Succeeded"
+    plan = cluster.step()
+    assert sorted(plan.deletes) == ["gpt-w2", "gpt-w3"]
+
+
+def test_suspend_stops_everyone_and_resume_places_again() -> None:
+    cluster = FakeCluster(job(), h100s(4), SETTINGS)
+    cluster.converge()
+    cluster.job_body["spec"]["suspend"] = True
+    cluster.step()
+    assert cluster.job.status.world.ranks == []
+    assert all(assignment(cluster, p)["stop"] for p in cluster.pods)
+    for pod in cluster.pods.values():
+        pod["status"]["phase"] = "Succeeded"
+    cluster.step()
+    assert not cluster.pods
+    assert cluster.job.status.phase == "Suspended"
+    cluster.job_body["spec"]["suspend"] = False
+    cluster.converge()
+    assert cluster.job.status.world.replicas == 4
+    assert cluster.job.status.phase == "Running"
