@@ -77,7 +77,7 @@ def cluster_inventory(
         return _inventory_node_by_node(node_list, holding)
 
 
-def _inventory_node_by_node(nodes: list[JsonDict], pods: list[JsonDict]) -> Inventory:
+def _inventory_node_by_node(nodes: Sequence[JsonDict], pods: Sequence[JsonDict]) -> Inventory:
     good: list[NodeCapacity] = []
     excluded: list[ExcludedNode] = []
     for node in nodes:
