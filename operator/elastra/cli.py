@@ -15,10 +15,10 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from elastra.commands import crds, plan, run, version
+from elastra.commands import crds, plan, run, status, version
 from elastra.errors import UserError
 
-COMMANDS: tuple[ModuleType, ...] = (version, crds, plan, run)
+COMMANDS: tuple[ModuleType, ...] = (version, crds, plan, run, status)
 
 
 def build_parser() -> argparse.ArgumentParser:

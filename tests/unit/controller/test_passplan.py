@@ -6,6 +6,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
+from elastra.commands.status import render
 from elastra.controller.manifests import ANNOTATION_ASSIGNMENT, GANG_GATE
 from elastra.controller.settings import OperatorSettings
 from elastra.elastic.resize import ResizePolicy
@@ -165,3 +166,13 @@ def test_suspend_stops_everyone_and_resume_places_again() -> None:
     cluster.converge()
     assert cluster.job.status.world.replicas == 4
     assert cluster.job.status.phase == "Running"
+
+
+def test_status_render_shows_world_plan_and_placement() -> None:
+    cluster = FakeCluster(job(), h100s(4), SETTINGS)
+    cluster.converge()
+    text = render(cluster.job, [{"type": "Normal", "reason": "WorldFormed", "message": "v1"}])
+    assert "world: v1, 32 ranks" in text
+    assert "Plan: " in text and "(dp x tp x pp)" in text
+    assert "h100-0" in text and "gpt-w0@0" in text
+    assert "WorldFormed" in text

@@ -1,0 +1,110 @@
+"""``elastra status NAME``: one screen on a TrainingJob for people.
+
+What ``kubectl describe`` would show if it knew what a world, a plan and a placement are:
+the phase and world, the plan, where each pod runs (by node and GPU type), conditions, the
+latest resizes and recent events. Exit 0 when the job exists, 2 when it does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections import defaultdict
+from typing import Any
+
+from elastra.api import TrainingJob, parse_trainingjob
+from elastra.errors import UserError
+from elastra.kube import resources
+from elastra.kube.client import Kube
+from elastra.kube.config import load_connection
+
+
+def register(sub: Any) -> None:
+    """Add the ``status`` subcommand."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "status",
+        help="show a TrainingJob's world, plan, placement, conditions and events",
+        description="Show a TrainingJob's world, plan, placement, conditions and events.",
+    )
+    parser.add_argument("name", help="TrainingJob name")
+    parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG)")
+    parser.add_argument("--output", "-o", choices=["text", "json"], default="text")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fetch the job and its events and print them."""
+    connection = load_connection(args.kubeconfig)
+    namespace = args.namespace or connection.namespace
+    raw, events = asyncio.run(_fetch(connection, namespace, args.name))
+    if raw is None:
+        raise UserError(f"trainingjob {namespace}/{args.name} not found")
+    if args.output == "json":
+        print(json.dumps({"trainingJob": raw, "events": events}, indent=2))
+        return 0
+    print(render(parse_trainingjob(raw), events))
+    return 0
+
+
+async def _fetch(
+    connection: Any, namespace: str, name: str
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    async with Kube(connection) as kube:
+        raw = await resources.get_job(kube, namespace, name)
+        events = await resources.list_events(kube, namespace, name) if raw else []
+        return raw, events
+
+
+def render(job: TrainingJob, events: list[dict[str, Any]]) -> str:
+    """The human summary (pure, so it is tested without a cluster)."""
+    status, spec = job.status, job.spec
+    world = status.world
+    lines = [
+        f"TrainingJob {job.metadata.namespace}/{job.metadata.name}: {status.phase or 'Pending'}",
+        f"  replicas: desired {spec.replicas} (min {spec.min_replicas}"
+        + (f", max {spec.max_replicas})" if spec.max_replicas else ")")
+        + f", in world {world.replicas}, ready {status.ready_replicas}",
+        f"  world: v{world.version}, {world.size} ranks; restarts {status.restarts}",
+        f"  progress: step {status.progress.step}, {status.progress.samples_per_second} "
+        f"samples/s, last checkpoint step {status.progress.last_checkpoint_step}",
+    ]
+    plan = status.plan
+    if plan is not None:
+        lines += [
+            f"Plan: {plan.shape} (dp x tp x pp), micro-batch {plan.micro_batch_size}, "
+            f"sharding {plan.sharding}, recompute {plan.recompute}",
+            f"  GPUs: {plan.gpu_summary or '-'}; batch share per replica: "
+            + (", ".join(f"{t} {n}" for t, n in plan.batch_shares.items()) or "-"),
+            f"  predicted: {plan.predicted_step_millis / 1000:.3f} s/step, "
+            f"{plan.predicted_tokens_per_second} tokens/s, bottleneck {plan.bottleneck or '-'}",
+        ]
+    if status.placement:
+        by_node: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for entry in status.placement:
+            by_node[(entry.node, entry.gpu_type)].append(f"{entry.pod}@{entry.rank}")
+        lines.append("Placement (node, GPU type: pod@first-rank):")
+        lines += [
+            f"  {node:<24} {gpu:<16} {' '.join(pods)}" for (node, gpu), pods in by_node.items()
+        ]
+    if status.conditions:
+        lines.append("Conditions:")
+        lines += [
+            f"  {c.type:<10} {c.status:<6} {c.reason:<22} {c.message}" for c in status.conditions
+        ]
+    if status.resizes:
+        lines.append("Resizes:")
+        lines += [
+            f"  {r.time}  v{r.from_version}->v{r.to_version}  "
+            f"{r.from_replicas}->{r.to_replicas} pods  {r.reason}"
+            for r in status.resizes[-5:]
+        ]
+    if events:
+        lines.append("Events:")
+        lines += [
+            f"  {e.get('lastTimestamp', '')}  {e.get('type', ''):<8} "
+            f"{e.get('reason', ''):<20} {e.get('message', '')}"
+            for e in events[-10:]
+        ]
+    return "\n".join(lines)
