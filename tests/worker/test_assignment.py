@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from elastra_worker.assignment import (
     AssignmentError,
     assignment_from_env,
@@ -80,7 +81,7 @@ def test_bad_fields_are_named(changes: dict[str, Any], message: str) -> None:
 
 def test_bitwise_needs_whole_logical_shares() -> None:
     plan = {"dp": 4, "microBatchSize": 3, "batchShares": [8, 8, 8, 8]}
-    with pytest.raises(AssignmentError, match="multiples of plan.microBatchSize"):
+    with pytest.raises(AssignmentError, match=r"multiples of plan\.microBatchSize"):
         parse_assignment(wire(consistency="bitwise", plan=plan))
 
 

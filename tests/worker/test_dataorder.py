@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from elastra_worker.dataorder import DataOrder, EpochPermutation, rank_shares
 
 
@@ -37,5 +38,7 @@ def test_shares_partition_the_step_in_order(shares: list[int]) -> None:
     got = [s for r in range(len(shares)) for share in rank_shares(samples, shares, r, 2)
            for s in share.samples]  # fmt: skip
     assert got == samples
-    logical = [share.index for r in range(len(shares)) for share in rank_shares(samples, shares, r, 2)]
+    logical = [
+        share.index for r in range(len(shares)) for share in rank_shares(samples, shares, r, 2)
+    ]
     assert logical == list(range(16))  # logical share i is the same pair at every world size

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from elastra_worker.layout import CheckpointRoot
 
 from .conftest import STEPS, LocalRun, run_local

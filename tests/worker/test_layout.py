@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from elastra_worker.layout import (
     CheckpointError,
     CheckpointRoot,

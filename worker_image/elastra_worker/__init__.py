@@ -20,7 +20,7 @@ __all__ = ["Session"]
 
 def __getattr__(name: str) -> Any:
     if name == "Session":
-        from .api import Session
+        from .api import Session  # noqa: PLC0415 (lazy: the agent must not import torch)
 
         return Session
     raise AttributeError(name)

@@ -18,6 +18,7 @@ The agent imports no torch: it starts in milliseconds and stays small.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -122,6 +123,7 @@ class Agent:
                 if not self._said_waiting:
                     log.info("waiting for a world assignment in %s", self.config.assignment_file)
                     self._said_waiting = True
+                    self._set_state(phase="waiting")
                 time.sleep(self.config.poll_s)
                 continue
             assert a is not None
@@ -230,9 +232,7 @@ def _kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
     """SIGKILL each trainer's process group (ours: started with start_new_session)."""
     for p in procs:
         if p.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     for p in procs:
         p.wait()

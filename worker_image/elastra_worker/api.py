@@ -52,6 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 from torch.nn.parallel import DistributedDataParallel
 
 from .assignment import Assignment, assignment_from_env, parse_assignment
@@ -67,13 +68,7 @@ ASSIGNMENT_JSON_ENV = "ELASTRA_ASSIGNMENT_JSON"
 STEP_LOG_ENV = "ELASTRA_STEP_LOG"
 
 
-class StopTraining(RuntimeError):
-    """Raised when a script calls the API after the world has agreed to stop."""
-
-
 def _is_fsdp(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-
     return isinstance(model, FSDPModule | FullyShardedDataParallel)
 
 
@@ -99,10 +94,10 @@ class Micro:
         """Wrap forward and backward: skips the wrapper's gradient sync on all but the last."""
         if self.is_last or self._session.consistency == "bitwise":
             yield
-        elif isinstance(model, DistributedDataParallel) or hasattr(model, "no_sync"):
+        elif isinstance(model, DistributedDataParallel | FullyShardedDataParallel):
             with model.no_sync():
                 yield
-        elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        elif isinstance(model, FSDPModule):  # FSDP2
             model.set_requires_gradient_sync(False)
             try:
                 yield
@@ -241,7 +236,7 @@ class Session:
             torch.set_num_threads(1)  # the same intra-op split in every world
         self._prev_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         a = self.assignment
-        store = dist.TCPStore(
+        store = dist.TCPStore(  # type: ignore[attr-defined]  # exported, not declared
             a.master_addr,
             a.master_port,
             self.world_size,
@@ -249,7 +244,8 @@ class Session:
             timeout=timedelta(seconds=self._rdzv_timeout),
             wait_for_workers=False,
         )
-        prefixed = dist.PrefixStore(f"elastra/{a.job}/v{a.world_version}/", store)
+        namespace = f"elastra/{a.job}/v{a.world_version}/"  # a fresh namespace per version
+        prefixed = dist.PrefixStore(namespace, store)  # type: ignore[attr-defined]
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -260,15 +256,10 @@ class Session:
             world_size=self.world_size,
             timeout=timedelta(seconds=self._coll_timeout),
         )
-        self._group = (
-            dist.new_group(backend="gloo", timeout=timedelta(seconds=self._coll_timeout))
-            if backend != "gloo"
-            else dist.group.WORLD
-        )
+        # Coordination (votes, checkpoint metadata) always runs on gloo, also next to nccl.
+        self._group = self._gloo_group() if backend != "gloo" else None
         if self.async_checkpoint:
-            self._async_group = dist.new_group(
-                backend="gloo", timeout=timedelta(seconds=self._coll_timeout)
-            )
+            self._async_group = self._gloo_group()
         root = CheckpointRoot(a.checkpoint.path, job=a.job)
         self._checkpointer = Checkpointer(
             root,
@@ -286,6 +277,12 @@ class Session:
             backend,
             self.consistency,
         )
+
+    def _gloo_group(self) -> dist.ProcessGroup:
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self._coll_timeout))
+        if not isinstance(group, dist.ProcessGroup):
+            raise RuntimeError("this rank is not in its own world's gloo group")
+        return group
 
     def close(self, *, failed: bool = False) -> None:
         """Leave the world: finish an async save, report how we left, destroy the groups."""
@@ -380,7 +377,11 @@ class Session:
         self._order = DataOrder(a.seed, dataset_size, a.global_batch_size)
         if self._restored_manifest is not None and a.consistency != "none":
             saved = self._restored_manifest.extra.get("dataOrder")
-            now = {"seed": a.seed, "datasetSize": dataset_size, "globalBatchSize": a.global_batch_size}
+            now = {
+                "seed": a.seed,
+                "datasetSize": dataset_size,
+                "globalBatchSize": a.global_batch_size,
+            }
             if saved is not None and saved != now:
                 raise ValueError(
                     f"the checkpoint's data order {saved} differs from this run's {now}: "
@@ -394,7 +395,9 @@ class Session:
         while not self._stop_agreed:
             k = self._step
             samples = self._order.step_samples(k)
-            shares = rank_shares(samples, self.plan.batch_shares, self.dp_rank, self.plan.micro_batch_size)
+            shares = rank_shares(
+                samples, self.plan.batch_shares, self.dp_rank, self.plan.micro_batch_size
+            )
             self._current = StepBatch(self, k, samples, shares)
             self._share_grads = []
             self._loss_sum = torch.zeros((), dtype=torch.float64)
@@ -415,7 +418,7 @@ class Session:
         weight = len(micro) / g
         if self._model is not None and _averaging_wrapper(self._model):
             weight *= self.world_size  # DDP/FSDP divide by the world size
-        (loss * weight).backward()
+        torch.autograd.backward(loss * weight)
         self._loss_sum += loss.detach().to(torch.float64).cpu() * (len(micro) / g)
         if self.consistency == "bitwise":
             params = self._params()
@@ -482,7 +485,9 @@ class Session:
         # One all-reduce carries the loss and every decision, so all ranks agree.
         local_stop = self._sigterm or (self.control is not None and self.control.stop_requested())
         interval = self.assignment.checkpoint.interval_seconds
-        due = self.rank == 0 and interval > 0 and time.monotonic() - self._last_ckpt_time >= interval
+        due = (
+            self.rank == 0 and interval > 0 and time.monotonic() - self._last_ckpt_time >= interval
+        )
         votes = torch.tensor(
             [float(self._loss_sum), 1.0 if local_stop else 0.0, 1.0 if due else 0.0],
             dtype=torch.float64,
@@ -581,7 +586,9 @@ class Session:
         """
         assert self._model is not None
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_model_state_dict(self._model, options=options if _is_fsdp(self._model) else None)
+        state = get_model_state_dict(
+            self._model, options=options if _is_fsdp(self._model) else None
+        )
         h = hashlib.sha256()
         for key in sorted(state):
             t = state[key]

@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from .layout import (
     CheckpointError,
@@ -160,7 +161,7 @@ class Checkpointer:
             thread_count=self.thread_count,
             overwrite=True,
         )
-        dcp.save(state, storage_writer=writer, process_group=group)
+        dcp_save(state, storage_writer=writer, process_group=group)
         if self.after_write is not None:
             self.after_write(step)
         names: list[str] = _broadcast(sorted(os.listdir(partial)) if rank == 0 else None, group)
@@ -200,7 +201,9 @@ class Checkpointer:
         job.
         """
         rank, world = _world(self.group)
-        candidates: list[int] = _broadcast(self.root.candidates() if rank == 0 else None, self.group)
+        candidates: list[int] = _broadcast(
+            self.root.candidates() if rank == 0 else None, self.group
+        )
         for step in candidates:
             manifest: Manifest | None = None
             reason = ""
@@ -232,7 +235,7 @@ class Checkpointer:
     def load(self, state: StateDict, manifest: Manifest) -> None:
         """Load the verified checkpoint into ``state`` in place, resharded to this world."""
         reader = FileSystemReader(self.root.step_path(manifest.step))
-        dcp.load(state, storage_reader=reader, process_group=self.group)
+        dcp_load(state, storage_reader=reader, process_group=self.group)
 
 
 def _hash_files(directory: Path, names: list[str]) -> dict[str, FileEntry]:

@@ -15,7 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import exitcodes
+from .agent import Agent, AgentConfig
 from .assignment import AssignmentError, assignment_from_env, assignment_path
+from .launcher import LaunchError, LocalJob, LocalLauncher, parse_fault, parse_schedule
+from .metrics import DEFAULT_METRICS_PORT, METRICS_PORT_ENV, WorkerCollector, serve
 
 
 def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -27,9 +30,6 @@ def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def _run(args: argparse.Namespace, command: list[str]) -> int:
-    from .agent import Agent, AgentConfig
-    from .metrics import DEFAULT_METRICS_PORT, METRICS_PORT_ENV, WorkerCollector, serve
-
     path = assignment_path()
     static = None
     if not path.exists() and os.environ.get("WORLD_SIZE"):
@@ -53,8 +53,6 @@ def _run(args: argparse.Namespace, command: list[str]) -> int:
 
 
 def _local(args: argparse.Namespace, command: list[str]) -> int:
-    from .launcher import LaunchError, LocalJob, LocalLauncher, parse_fault, parse_schedule
-
     job = LocalJob(
         command=command,
         schedule=parse_schedule(args.schedule, args.steps),
@@ -103,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     loc.add_argument("--global-batch-size", type=int, default=32)
     loc.add_argument("--micro-batch-size", type=int, default=2)
     loc.add_argument("--seed", type=int, default=0)
-    loc.add_argument("--checkpoint-every", type=int, default=0, help="also checkpoint every N steps")
+    loc.add_argument(
+        "--checkpoint-every", type=int, default=0, help="also checkpoint every N steps"
+    )
     loc.add_argument("--world-timeout", type=float, default=600.0, help="seconds per world")
     loc.add_argument("--work-dir", help="pods' assignment and control files (default: temp)")
     return p

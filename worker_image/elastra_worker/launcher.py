@@ -15,6 +15,8 @@ new world resumes from the last good checkpoint.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import logging
 import os
@@ -64,7 +66,7 @@ def parse_schedule(text: str, steps: int) -> list[Segment]:
         points.append((size, step))
     if not points or points[0][1] != 0:
         raise ValueError("schedule must start at step 0, e.g. 4:0,2:20")
-    if any(b[1] <= a[1] for a, b in zip(points, points[1:], strict=False)):
+    if any(b[1] <= a[1] for a, b in itertools.pairwise(points)):
         raise ValueError("schedule steps must increase")
     if points[-1][1] >= steps:
         raise ValueError(f"schedule step {points[-1][1]} is not below --steps {steps}")
@@ -258,7 +260,9 @@ class LocalLauncher:
         for i in range(seg.size):
             if not self.pods[i].alive():
                 self._start_agent(self.pods[i])
-        log.info("world version %d: %d ranks, steps %d..%d", self.version, seg.size, seg.start, seg.end)
+        log.info(
+            "world version %d: %d ranks, steps %d..%d", self.version, seg.size, seg.start, seg.end
+        )
 
     def _world_state(self, seg: Segment) -> str:
         """'running', 'finished' (every member stopped/done in this version) or 'failed'."""
@@ -268,7 +272,9 @@ class LocalLauncher:
             st = pod.agent_state()
             if pod.proc is not None and pod.proc.poll() not in (None, 0):
                 return "failed"
-            if st.get("worldVersion") != self.version or st.get("phase") not in ("stopped", "done"):
+            # after its trainers stop, an agent reports "stopped", then "waiting" for a new world
+            ended = st.get("phase") in ("stopped", "done", "waiting")
+            if st.get("worldVersion") != self.version or not ended:
                 finished = False
         return "finished" if finished else "running"
 
@@ -340,8 +346,6 @@ class LocalLauncher:
                 continue  # an agent that exited has already reaped its trainers
             groups = [pod.proc.pid] + [int(pid) for pid in pod.agent_state().get("trainerPids", [])]
             for pgid in groups:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(pgid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             pod.proc.wait()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -64,8 +65,6 @@ class WorkerCollector(Collector):
 
 def serve(port: int, collector: WorkerCollector) -> CollectorRegistry:
     """Start the HTTP endpoint in a daemon thread; return its registry."""
-    from prometheus_client import start_http_server
-
     registry = CollectorRegistry()
     registry.register(collector)
     start_http_server(port, registry=registry)

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.nn import functional
 
 from elastra_worker import Session
 
@@ -58,7 +59,7 @@ class Block(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
         heads = [z.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2) for z in (q, k, v)]
-        att = F.scaled_dot_product_attention(*heads, is_causal=True)
+        att = functional.scaled_dot_product_attention(*heads, is_causal=True)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, c))
         return x + self.mlp(self.ln2(x))
 
@@ -80,7 +81,7 @@ class TinyGPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self.ln(x) @ self.tok.weight.T
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def make_batch(
@@ -112,8 +113,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.manual_seed(sess.seed)  # the same initial weights on every rank and every run
         model: nn.Module = TinyGPT(cfg).to(sess.device)
         if args.fsdp:
-            from torch.distributed.fsdp import fully_shard
-
             for block in model.blocks:  # type: ignore[union-attr]
                 fully_shard(block)
             fully_shard(model)
