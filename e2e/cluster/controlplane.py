@@ -43,7 +43,8 @@ from .pki import Pki, ensure_pki
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "e2e" / "toolchain" / "build.sh"
 STAGES = Path(__file__).resolve().parent / "kwok-stages.yaml"
-CRDS_DIR = REPO / "crds"
+# ELASTRA_CRDS_DIR installs CRDs from elsewhere (a chart, a candidate generation) instead.
+CRDS_DIR = Path(os.environ.get("ELASTRA_CRDS_DIR", REPO / "crds"))
 FLEETS_DIR = REPO / "e2e" / "fleets"
 DEFAULT_FLEET = "hetero-small"
 

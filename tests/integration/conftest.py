@@ -12,6 +12,7 @@ collected, outside any per-test timeout; `make test` builds it even earlier.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -94,9 +95,9 @@ def cluster() -> Iterator[Cluster]:
             down(layout)
 
 
-@pytest.fixture
-def namespace(cluster: Cluster) -> Iterator[str]:
-    """A fresh namespace with its default service account (pods need it), deleted afterwards."""
+@contextlib.contextmanager
+def fresh_namespace(cluster: Cluster) -> Iterator[str]:
+    """A new namespace with its default service account (pods need it), deleted afterwards."""
     name = f"it-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
     wait_for(
@@ -107,8 +108,16 @@ def namespace(cluster: Cluster) -> Iterator[str]:
         ),
         timeout=30,
     )
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    with fresh_namespace(cluster) as name:
+        yield name
 
 
 def gpu_pod(name: str, *, gpus: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
