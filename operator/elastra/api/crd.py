@@ -10,11 +10,12 @@ CRD is derived: pydantic's JSON schema is rewritten into a Kubernetes *structura
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel
 
+from elastra.api.base import ApiModel
 from elastra.api.resource import GROUP, KIND, PLURAL, VERSION
 from elastra.api.status import TrainingJobStatus
 from elastra.api.trainingjob import TrainingJobSpec
@@ -49,6 +50,7 @@ def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     definitions: dict[str, Any] = raw.pop("$defs", {})
     schema: dict[str, Any] = _rewrite(raw, definitions)
+    _fill_defaults(model, schema)
     return schema
 
 
@@ -82,23 +84,38 @@ def _rewrite(node: Any, definitions: dict[str, Any]) -> Any:
             out[key] = {name: _rewrite(sub, definitions) for name, sub in value.items()}
         else:
             out[key] = _rewrite(value, definitions)
-    if out.get("type") == "object" and "properties" in out:
-        _default_nested_objects(out)
     return out
 
 
-def _default_nested_objects(schema: dict[str, Any]) -> None:
-    """Give optional object members ``default: {}`` so the server fills their defaults.
+def _fill_defaults(model: type[BaseModel], schema: dict[str, Any]) -> None:
+    """Give members whose default is a model (or list) that default, in wire form.
 
-    Without it a job that omits ``parallelism`` would show no ``parallelism.mode`` and CEL
-    rules reading nested fields would need ``has()`` guards at every level.
+    pydantic leaves ``default_factory`` defaults out of the JSON schema. Without them a job
+    that omits ``parallelism`` would show no ``parallelism.mode``, and the API server checks
+    a default against the CEL rules without applying nested defaults, so an empty ``{}``
+    would fail rules that read ``self.mode``.
     """
-    required = set(schema.get("required", []))
-    for name, sub in schema["properties"].items():
-        if name in required or "default" in sub:
+    properties = schema.get("properties", {})
+    for name, info in model.model_fields.items():
+        alias = info.alias or name
+        sub = properties.get(alias)
+        if sub is None:
             continue
-        if sub.get("type") == "object" and "properties" in sub and not sub.get("required"):
-            sub["default"] = {}
+        target = _unwrap(info.annotation)
+        if info.default_factory is not None and "default" not in sub:
+            value = info.default_factory()  # type: ignore[call-arg]
+            if isinstance(value, ApiModel):
+                sub["default"] = value.to_wire()
+            elif isinstance(value, list) and value:
+                sub["default"] = list(value)
+        if isinstance(target, type) and issubclass(target, BaseModel):
+            _fill_defaults(target, sub)
+
+
+def _unwrap(annotation: Any) -> Any:
+    """``X | None`` to ``X``."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    return args[0] if len(args) == 1 and get_origin(annotation) is not list else annotation
 
 
 def _plain(text: str) -> str:

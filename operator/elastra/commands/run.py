@@ -9,6 +9,7 @@ from typing import Any
 from elastra.controller.operator import RunOptions
 from elastra.controller.operator import run as run_operator
 from elastra.controller.settings import OperatorSettings, Toleration
+from elastra.elastic.resize import ResizePolicy
 from elastra.errors import UserError
 from elastra.kube.config import load_connection
 
@@ -67,6 +68,34 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--priority", type=int, default=0, help="peering priority (the chart's operator uses 100)"
     )
+    parser.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="wait this long after a worker breaks for others of the burst",
+    )
+    parser.add_argument(
+        "--pending-grace-seconds",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="give up a pod the scheduler cannot place after this (default 60)",
+    )
+    parser.add_argument(
+        "--cooldown-seconds",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="no growth within this time of the last resize (default 30)",
+    )
+    parser.add_argument(
+        "--retire-timeout-seconds",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="delete a worker told to stop after this even if it did not exit",
+    )
     parser.add_argument("--log-format", choices=["json", "plain"], default="json")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.set_defaults(handler=run)
@@ -92,6 +121,12 @@ def run(args: argparse.Namespace) -> int:
         tolerations=tuple(parse_toleration(t) for t in args.toleration),
         resync=timedelta(seconds=args.resync_seconds),
         termination_grace_seconds=args.grace_seconds,
+        policy=ResizePolicy(
+            settle=timedelta(seconds=args.settle_seconds),
+            pending_grace=timedelta(seconds=args.pending_grace_seconds),
+            cooldown=timedelta(seconds=args.cooldown_seconds),
+            retire_timeout=timedelta(seconds=args.retire_timeout_seconds),
+        ),
     )
     options = RunOptions(
         connection=load_connection(args.kubeconfig),

@@ -36,6 +36,8 @@ class PodFacts:
     assignment_version: int
     ip: str | None
     bound: bool
+    node_gone: bool
+    """Bound to a node that no longer exists: no kubelet will ever finish its deletion."""
     gated: bool
     exit_code: int | None
 
@@ -125,6 +127,7 @@ def pod_facts(
         assignment_version=_assignment_version(assignment),
         ip=status.get("podIP"),
         bound=bool(bound_node),
+        node_gone=node is not None and not node.exists,
         gated=gated,
         exit_code=view.exit_code,
     )

@@ -86,6 +86,8 @@ class PassPlan:
     creates: tuple[dict[str, Any], ...] = ()
     patches: tuple[tuple[str, dict[str, Any]], ...] = ()
     deletes: tuple[str, ...] = ()
+    force_deletes: tuple[str, ...] = ()
+    """Deletes without grace: pods whose node is gone (graceful deletion would never end)."""
     ungate: tuple[str, ...] = ()
     requeue: timedelta | None = None
     decision: ResizeDecision | None = field(default=None, compare=False)
@@ -264,6 +266,7 @@ def _act(
         creates=children.creates,
         patches=children.patches,
         deletes=children.deletes,
+        force_deletes=tuple(p for p in children.deletes if facts[p].node_gone),
         ungate=children.ungate,
         requeue=min(waits, default=None),
         decision=decision,
@@ -369,7 +372,8 @@ def _children(
 ) -> _Children:
     """Pod writes that make the children match the world recorded in ``status``."""
     version = status.world.version
-    deletes = sorted(p for p in decision.delete if p in facts)
+    stuck = {n for n, f in facts.items() if f.node_gone and f.view.state is WorkerState.TERMINATING}
+    deletes = sorted({p for p in decision.delete if p in facts} | stuck)
     patches: list[tuple[str, dict[str, Any]]] = []
     for name, fact in sorted(facts.items()):
         if name in decision.delete or fact.view.state is WorkerState.TERMINATING:
@@ -466,7 +470,9 @@ def _verdicts(
         placed_reason, placed_message = "Unplaceable", str(placement.reason)
     elif unbound:
         placed_reason = "Unschedulable" if any(f.view.unschedulable for f in unbound) else "Binding"
-    degraded = decision.degraded or plan_problem is not None or world_size < job.spec.replicas
+    degraded = not unplaceable and (
+        decision.degraded or plan_problem is not None or world_size < job.spec.replicas
+    )
     degraded_message = plan_problem or decision.message
     if not decision.degraded and plan_problem is None and world_size < job.spec.replicas:
         degraded_message = f"world has {world_size} of {job.spec.replicas} desired workers"

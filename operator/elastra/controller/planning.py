@@ -25,6 +25,7 @@ from elastra.controller.manifests import ANNOTATION_NODE, LABEL_JOB
 from elastra.controller.observe import PodFacts
 from elastra.errors import UserError
 from elastra.planner import Inventory, JobRequirements, Plan, parse_inventory, plan_job
+from elastra.planner.catalog import matches
 from elastra.planner.fromspec import requirements_from_spec
 from elastra.planner.inventory import ExcludedNode, NodeCapacity, NodeName
 
@@ -134,7 +135,7 @@ def place_new_pods(
         requirements(job, replicas=desired, minimum=len(keep) + 1), inventory, top_k=1
     )
     if not result.feasible:
-        return Placement(pods=(), reason=result.reason or "no plan fits")
+        return Placement(pods=(), reason=_explain(job, inventory, result.reason))
     plan = result.plans[0]
     held = Counter(str(p.view.node) for p in keep)
     free: list[NewPod] = []
@@ -144,6 +145,19 @@ def place_new_pods(
         else:
             free.append(NewPod(node=str(pod.node), gpu_type=str(pod.gpu_type)))
     return Placement(pods=tuple(free[:count]))
+
+
+def _explain(job: TrainingJob, inventory: Inventory, reason: str | None) -> str:
+    """The planner's reason, led by the user-level cause when it is a GPU type mismatch."""
+    wanted = job.spec.worker.gpu_types
+    types = sorted({str(node.gpu_type.name) for node in inventory.nodes})
+    allowed = [t for t in inventory.types() if not wanted or any(matches(w, t) for w in wanted)]
+    if wanted and not allowed:
+        return (
+            f"no schedulable node has a GPU type in worker.gpuTypes ({', '.join(wanted)}); "
+            f"the cluster has {', '.join(types) or 'no schedulable nodes'}"
+        )
+    return f"no plan fits: {reason or 'unknown reason'}"
 
 
 def plan_world(job: TrainingJob, inventory: Inventory, members: Sequence[PodFacts]) -> WorldPlan:

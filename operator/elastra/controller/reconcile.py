@@ -89,6 +89,13 @@ async def reconcile(
         nodes, cluster_pods = await snapshot.read()
         plan = plan_pass(Observation(job, pods, nodes, cluster_pods), settings, clock())
         await _apply(kube, snapshot, raw, plan, service=headless_service(job), settings=settings)
+        log.debug(
+            "job %s/%s: pass done, writes=%d",
+            namespace,
+            name,
+            _writes(raw, plan),
+            extra={"job": f"{namespace}/{name}", "writes": _writes(raw, plan)},
+        )
         metrics.observe_job(namespace, name, plan.status)
         return plan.requeue
     except ConflictError:
@@ -126,10 +133,18 @@ async def _apply(
             metrics.RESIZES.labels(reason=reason).inc()
     limit = settings.concurrency
     if plan.deletes:
-        grace = settings.termination_grace_seconds
+        force = set(plan.force_deletes)
         await gather_limited(
             limit,
-            *(resources.delete_pod(kube, namespace, p, grace_seconds=grace) for p in plan.deletes),
+            *(
+                resources.delete_pod(
+                    kube,
+                    namespace,
+                    p,
+                    grace_seconds=0 if p in force else settings.termination_grace_seconds,
+                )
+                for p in plan.deletes
+            ),
         )
     if plan.patches:
         await gather_limited(
@@ -155,6 +170,19 @@ async def _apply(
         await resources.record_event(
             kube, raw, kind=event.type, reason=event.reason, message=event.message
         )
+
+
+def _writes(raw: JsonDict, plan: PassPlan) -> int:
+    """How many objects a pass changes (0 at steady state: a restarted operator is quiet)."""
+    status_write = plan.status.to_wire() != (raw.get("status") or {})
+    return (
+        int(status_write)
+        + len(plan.deletes)
+        + len(plan.patches)
+        + len(plan.creates)
+        + len(plan.ungate)
+        + len(plan.events)
+    )
 
 
 async def _reject(kube: Kube, raw: JsonDict, message: str) -> None:

@@ -97,8 +97,10 @@ def test_enums_and_cel_rules_are_present() -> None:
     assert any("manual" in rule["rule"] for rule in parallelism)
 
 
-def test_optional_sections_default_to_empty_objects() -> None:
+def test_optional_sections_default_to_their_model_defaults() -> None:
     spec = _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-    for section in ("parallelism", "placement", "checkpoint", "failurePolicy"):
-        assert spec[section]["default"] == {}, section
+    assert spec["parallelism"]["default"] == {"mode": "auto"}
+    assert spec["placement"]["default"] == {"objective": "throughput", "heterogeneous": False}
+    assert spec["checkpoint"]["default"]["path"] == "/checkpoints"
+    assert spec["failurePolicy"]["default"]["permanentExitCodes"] == [2]
     assert "default" not in spec["model"]

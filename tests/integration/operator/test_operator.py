@@ -1,0 +1,228 @@
+"""The operator on the real control plane: placement, failures, suspend, delete, restarts.
+
+Every assertion reads cluster state (TrainingJob status, pods, events) through kubectl; the
+operator is the real ``elastra run`` process. Scenarios that need capacity to themselves
+run on private fake H200 nodes the test adds and removes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import yaml
+
+from elastra.api import parse_trainingjob
+from elastra.controller.planning import cluster_inventory, requirements
+from elastra.planner import plan_job
+from tests.integration.conftest import Cluster
+from tests.integration.operator.conftest import EXAMPLES, Jobs, OperatorProcess, gpu_job
+
+
+def h200_job(name: str, replicas: int, **spec: Any) -> dict[str, Any]:
+    body = gpu_job(name, replicas=replicas, **spec)
+    body["spec"]["worker"]["gpuTypes"] = ["H200"]
+    return body
+
+
+def world(status: dict[str, Any]) -> dict[str, Any]:
+    return dict(status.get("world") or {})
+
+
+def fail_pod(cluster: Cluster, namespace: str, pod: str, code: int) -> None:
+    cluster.kubectl(
+        "annotate", "pod", pod, "-n", namespace, f"sim.elastra.dev/exit-code={code}", "--overwrite"
+    )
+    cluster.kubectl("label", "pod", pod, "-n", namespace, "sim.elastra.dev/fail=true")
+
+
+def test_places_the_7b_example_as_the_planner_predicts(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    manifest = yaml.safe_load((EXAMPLES / "gpt-7b-hetero.yaml").read_text())
+    del manifest["spec"]["checkpoint"]["volume"]  # no PVC on the fake nodes
+    nodes = cluster.get("nodes")["items"]
+    pods = cluster.get("pods", "--all-namespaces")["items"]
+    expected = plan_job(
+        requirements(parse_trainingjob(manifest), replicas=8, minimum=1),
+        cluster_inventory(nodes, pods),
+        top_k=1,
+    ).plans[0]
+    jobs.apply(manifest)
+    status = jobs.wait_phase("gpt-7b-hetero", "Running", timeout=120)
+    assert world(status)["replicas"] == len(expected.pods)
+    placed = Counter(p["node"] for p in status["placement"])
+    assert placed == Counter(str(p.node) for p in expected.pods)
+    plan = status["plan"]
+    assert (plan["dp"], plan["tp"], plan["pp"]) == (expected.dp, expected.tp, expected.pp)
+    assert plan["gpuTypes"] == {str(t.gpu_type): t.gpus for t in expected.types}
+    running = jobs.pods("gpt-7b-hetero")
+    assert all(p["spec"]["nodeName"] == p["metadata"]["annotations"]["elastra.dev/node"]
+               for p in running)  # fmt: skip
+    printed = cluster.kubectl("get", "tj", "-n", jobs.namespace).stdout
+    assert "gpt-7b-hetero" in printed and f"{plan['shape']}" in printed
+
+
+def test_node_deleted_under_a_running_job(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+) -> None:
+    jobs.apply(h200_job("lose", replicas=2))
+    status = jobs.wait_phase("lose", "Running")
+    before = world(status)["version"]
+    victim = status["placement"][1]["node"]
+    cluster.kubectl("delete", "node", victim)
+    lost = jobs.wait(
+        "the world re-formed without the lost node",
+        lambda: any(r["reason"] == "WorkerLost" for r in jobs.status("lose").get("resizes", [])),
+    )
+    assert lost
+    record = next(r for r in jobs.status("lose")["resizes"] if r["reason"] == "WorkerLost")
+    assert record["fromVersion"] == before and record["toVersion"] == before + 1
+    assert record["toReplicas"] == 1
+    healed = jobs.wait(
+        "grown back to 2 on the spare node",
+        lambda: (
+            (s := jobs.status("lose")).get("world", {}).get("replicas") == 2
+            and s.get("phase") == "Running"
+            and s
+        ),
+    )
+    nodes = [p["node"] for p in healed["placement"]]
+    assert victim not in nodes and len(set(nodes)) == 2
+    ranks = [p["rank"] for p in healed["placement"]]
+    assert len(ranks) == len(set(ranks)), "no duplicate ranks"
+    assert all(p["spec"].get("nodeName") != victim for p in jobs.pods("lose"))
+
+
+def test_retryable_failure_is_replaced_and_counted(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+) -> None:
+    jobs.apply(h200_job("retry", replicas=2))
+    status = jobs.wait_phase("retry", "Running")
+    fail_pod(cluster, jobs.namespace, status["world"]["ranks"][0], 75)
+    recovered = jobs.wait(
+        "restart counted and world back at 2",
+        lambda: (
+            (s := jobs.status("retry")).get("restarts") == 1
+            and s.get("world", {}).get("replicas") == 2
+            and s.get("phase") == "Running"
+            and s
+        ),
+    )
+    reasons = [r["reason"] for r in recovered["resizes"]]
+    assert "WorkerFailed" in reasons
+    assert recovered["world"]["version"] >= 3
+
+
+def test_permanent_failure_fails_the_job(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+) -> None:
+    jobs.apply(h200_job("doomed", replicas=2))
+    status = jobs.wait_phase("doomed", "Running")
+    fail_pod(cluster, jobs.namespace, status["world"]["ranks"][1], 2)
+    failed = jobs.wait_phase("doomed", "Failed")
+    condition = next(c for c in failed["conditions"] if c["type"] == "Failed")
+    assert condition["reason"] == "PermanentFailure" and "code 2" in condition["message"]
+    assert any(e["reason"] == "PermanentFailure" for e in jobs.events("doomed"))
+    jobs.wait(
+        "surviving workers stopped",
+        lambda: all(
+            p["status"].get("phase") in ("Failed", "Succeeded")
+            or p["metadata"].get("deletionTimestamp")
+            for p in jobs.pods("doomed")
+        ),
+    )
+
+
+def test_suspend_and_resume(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+) -> None:
+    jobs.apply(h200_job("nap", replicas=2))
+    jobs.wait_phase("nap", "Running")
+    cluster.kubectl(
+        "patch", "tj", "nap", "-n", jobs.namespace, "--type=merge", "-p",
+        json.dumps({"spec": {"suspend": True}}),
+    )  # fmt: skip
+    stopping = jobs.wait(
+        "every worker told to stop",
+        lambda: (
+            (pods := jobs.pods("nap"))
+            and all(
+                json.loads(p["metadata"]["annotations"]["elastra.dev/assignment"])["stop"]
+                for p in pods
+            )
+        ),
+    )
+    assert stopping
+    # kwok pods do not run the agent: they never exit 0 themselves, so the retire timeout
+    # is what deletes them here (real workers exit after their checkpoint).
+    jobs.wait("workers gone", lambda: not jobs.pods("nap"))
+    suspended = jobs.wait_phase("nap", "Suspended")
+    assert suspended["world"]["ranks"] == []
+    cluster.kubectl(
+        "patch", "tj", "nap", "-n", jobs.namespace, "--type=merge", "-p",
+        json.dumps({"spec": {"suspend": False}}),
+    )  # fmt: skip
+    resumed = jobs.wait_phase("nap", "Running")
+    assert resumed["world"]["replicas"] == 2
+
+
+def test_deleting_the_job_removes_its_pods_and_no_finalizers(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+) -> None:
+    jobs.apply(h200_job("gone", replicas=2))
+    jobs.wait_phase("gone", "Running")
+    assert not jobs.get("gone")["metadata"].get("finalizers")
+    assert all(not p["metadata"].get("finalizers") for p in jobs.pods("gone"))
+    cluster.kubectl("delete", "tj", "gone", "-n", jobs.namespace, "--wait=true", "--timeout=30s")
+    jobs.wait("pods garbage-collected", lambda: not jobs.pods("gone"))
+
+
+def test_operator_killed_mid_reconcile_converges(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+) -> None:
+    jobs.apply(h200_job("phoenix", replicas=12, worker={
+        "gpus": 2, "gpuTypes": ["H200"], "image": "elastra-worker:dev"}))  # fmt: skip
+    jobs.wait("first pods created", lambda: len(jobs.pods("phoenix")) >= 1, timeout=60)
+    operator.kill()
+    operator.start()
+    status = jobs.wait_phase("phoenix", "Running", timeout=120)
+    pods = jobs.pods("phoenix")
+    assert len(pods) == 12, "no orphans, no duplicates"
+    slots = Counter(p["metadata"]["labels"]["elastra.dev/slot"] for p in pods)
+    assert max(slots.values()) == 1
+    ranks = [p["rank"] for p in status["placement"]]
+    assert sorted(ranks) == [2 * i for i in range(12)]
+    jobs.wait("two quiet passes", lambda: operator.quiet_passes("phoenix") >= 2, timeout=60)
+    versions = {p["metadata"]["name"]: p["metadata"]["resourceVersion"] for p in pods}
+    job_version = jobs.get("phoenix")["metadata"]["resourceVersion"]
+    seen = operator.quiet_passes("phoenix")
+    jobs.wait("another quiet pass", lambda: operator.quiet_passes("phoenix") > seen, timeout=60)
+    assert jobs.get("phoenix")["metadata"]["resourceVersion"] == job_version
+    assert {
+        p["metadata"]["name"]: p["metadata"]["resourceVersion"] for p in jobs.pods("phoenix")
+    } == versions
+
+
+def test_unplaceable_job_says_why_once_and_creates_nothing(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+) -> None:
+    jobs.apply(gpu_job("nowhere", replicas=2, worker={
+        "gpus": 8, "gpuTypes": ["MI300X"], "image": "elastra-worker:dev"}))  # fmt: skip
+    status = jobs.wait(
+        "Admitted=False",
+        lambda: (
+            any(
+                c["type"] == "Admitted" and c["status"] == "False"
+                for c in jobs.status("nowhere").get("conditions", [])
+            )
+            and jobs.status("nowhere")
+        ),
+    )
+    admitted = next(c for c in status["conditions"] if c["type"] == "Admitted")
+    assert admitted["reason"] == "Unplaceable" and "MI300X" in admitted["message"]
+    jobs.wait("three quiet passes", lambda: operator.quiet_passes("nowhere") >= 3, timeout=60)
+    assert not jobs.pods("nowhere")
+    warnings = [e for e in jobs.events("nowhere") if e["type"] == "Warning"]
+    assert len(warnings) == 1, warnings
