@@ -14,8 +14,9 @@ forward of every layer (``full``) or of the attention core only (``selective``, 
 al. 2022); ``tflops_per_gpu`` counts those too (executed FLOPs, Megatron's convention).
 
 Time of one step on a replica of ``pp`` stages running ``m`` micro-batches with 1F1B:
-``(m + pp - 1)·(t_compute + t_tp + 2·t_p2p)`` for the slowest stage (pipeline bubble
-included); then data-parallel collectives over the slowest link the group crosses, of which
+``(m + (pp - 1)/v)·(t_compute + t_tp + 2·v·t_p2p)`` for the slowest stage (pipeline bubble
+included; ``v`` virtual stages per GPU with Megatron's interleaved schedule); then
+data-parallel collectives over the slowest link the group crosses, of which
 the part that overlaps the last backward is hidden; then the optimizer step, bound by HBM
 bandwidth. Collectives are ring collectives: ``2(n-1)/n · bytes / bandwidth`` for an
 all-reduce, half that for a reduce-scatter or all-gather.
@@ -49,12 +50,15 @@ class ModelConstants:
     ``efficiency`` overrides the catalog's ``gemm_efficiency`` per type name. GEMM efficiency
     falls off for narrow per-GPU matrices: the achieved rate is
     ``peak · efficiency · w/(w + gemm_half_width) · T/(T + gemm_half_tokens)`` with ``w`` the
-    hidden size per tensor-parallel rank and ``T`` the tokens per micro-batch.
+    hidden size per tensor-parallel rank and ``T`` the tokens per micro-batch. Memory-bound
+    element-wise work (norms, activation functions, residuals) costs ``elementwise_passes``
+    reads or writes of each layer's ``s·b·h/tp`` activations per step of one micro-batch.
     """
 
     efficiency: tuple[tuple[str, float], ...] = ()
     gemm_half_width: float = 128.0
     gemm_half_tokens: float = 256.0
+    elementwise_passes: float = 40.0
     link_efficiency: float = 0.75
     network_efficiency: float = 0.75
     collective_latency_s: float = 30e-6
@@ -140,11 +144,17 @@ class MicroBatchTime:
     recompute: float
     tp_comm: float
     p2p: float
+    interleave: int = 1
+    """Virtual stages per GPU (Megatron's interleaved 1F1B): v times the transfers."""
 
     @property
     def per_slot(self) -> float:
-        """One 1F1B slot: forward + backward on the stage, its TP collectives, two transfers."""
-        return self.compute + self.tp_comm + 2.0 * self.p2p
+        """One 1F1B slot: forward + backward on the stage, its TP collectives, the transfers."""
+        return self.compute + self.tp_comm + 2.0 * self.interleave * self.p2p
+
+    def bubble_slots(self, pp: int) -> float:
+        """Slots of pipeline fill and drain: ``(pp - 1) / v``."""
+        return (pp - 1) / self.interleave
 
 
 def activation_bytes(precision: Precision) -> int:
@@ -190,11 +200,13 @@ def micro_batch_time(
     recompute: Recompute,
     precision: Precision,
     p2p_gbs: float,
+    interleave: int = 1,
     constants: ModelConstants = DEFAULT_CONSTANTS,
 ) -> MicroBatchTime:
     """Time of one micro-batch (forward + backward) on the slowest pipeline stage.
 
-    ``p2p_gbs`` is the bandwidth between consecutive stages (GB/s per GPU).
+    ``p2p_gbs`` is the bandwidth between consecutive stages (GB/s per GPU); ``interleave``
+    the virtual stages per GPU.
     """
     flops = token_flops(model)
     first, last = stage_layers(model.layers, pp)
@@ -208,9 +220,16 @@ def micro_batch_time(
     if rate <= 0:
         return MicroBatchTime(math.inf, 0.0, 0.0, 0.0)
     stage_tokens_flops = max(first_work, last_work)
-    compute = stage_tokens_flops * tokens / tp / rate
+    gemm = stage_tokens_flops * tokens / tp / rate
+    # Norms, activations, residuals, softmax: HBM-bound passes over s*b*h/tp elements.
+    passes = constants.elementwise_passes * (4.0 / 3.0 if recompute == "full" else 1.0)
+    element_bytes = passes * model.hidden_size / tp * activation_bytes(precision)
+    elementwise = max(first, last) * element_bytes * tokens / (gpu.memory_bandwidth_gbs * 1e9)
+    compute = gemm + elementwise
     recompute_flops = max(first, last) * flops.recompute_per_token(1, recompute)
     recompute_s = recompute_flops * tokens / tp / rate
+    if recompute == "full":
+        recompute_s += elementwise / 4.0
     message = tokens * model.hidden_size * activation_bytes(precision)
     collectives = (6 if recompute == "full" else 4) * max(first, last)
     link = gpu.interconnect_gbs * 1e9 * constants.link_efficiency
@@ -218,7 +237,7 @@ def micro_batch_time(
     p2p = 0.0
     if pp > 1:
         p2p = message / tp / (p2p_gbs * 1e9) + constants.collective_latency_s
-    return MicroBatchTime(compute=compute, recompute=recompute_s, tp_comm=tp_comm, p2p=p2p)
+    return MicroBatchTime(compute, recompute_s, tp_comm, p2p, interleave)
 
 
 def stage_params(model: ModelShape, pp: int) -> float:
@@ -251,7 +270,7 @@ def memory_gib(
     recompute: Recompute,
     precision: Precision,
     dp: int,
-    in_flight: int,
+    in_flight: float,
 ) -> float:
     """Peak memory of the heaviest GPU in GiB (see the module docstring)."""
     h, s, a = model.hidden_size, model.sequence_length, model.attention_heads
@@ -358,8 +377,17 @@ class StepPrediction:
 
 
 def pipeline_s(slot: MicroBatchTime, *, micro_batches: int, pp: int) -> float:
-    """1F1B time of one replica: ``(m + pp - 1)`` slots."""
-    return (micro_batches + pp - 1) * slot.per_slot
+    """1F1B time of one replica: ``m + (pp - 1) / v`` slots."""
+    return (micro_batches + slot.bubble_slots(pp)) * slot.per_slot
+
+
+def in_flight(pp: int, micro_batches: int, interleave: int) -> float:
+    """Micro-batches whose activations the first stage holds at once (Korthikanti et al.
+    2022: interleaving adds a factor ``1 + (pp - 1) / (pp · v)``)."""
+    held = float(min(pp, micro_batches))
+    if interleave > 1:
+        held *= 1.0 + (pp - 1) / (pp * interleave)
+    return held
 
 
 def predict_step(
@@ -433,7 +461,7 @@ def predict_step(
         ("compute", m * (slot.compute - slot.recompute)),
         ("memory", m * slot.recompute),
         ("tp-comm", m * slot.tp_comm),
-        ("pp-bubble", (pp - 1) * slot.per_slot + m * 2.0 * slot.p2p),
+        ("pp-bubble", slot.bubble_slots(pp) * slot.per_slot + m * 2.0 * slot.interleave * slot.p2p),
         ("dp-comm", dp_exposed),
         ("optimizer", optimizer),
     )

@@ -68,6 +68,8 @@ class Plan:
     predicted: StepPrediction
     pods: tuple[PodPlacement, ...] = ()
     ranks: tuple[RankPlacement, ...] = ()
+    interleave: int = 1
+    """Virtual pipeline stages per GPU (Megatron's interleaved 1F1B schedule)."""
 
     @property
     def gpus(self) -> int:
@@ -89,7 +91,9 @@ class Plan:
         """One line such as ``4x8 H100-SXM-80GB + 4x8 A100-SXM-80GB dp=16 tp=2 pp=2``."""
         kinds = " + ".join(f"{s.gpus} {s.gpu_type}" for s in self.types)
         return (
-            f"{kinds}: dp={self.dp} tp={self.tp} pp={self.pp} mb={self.micro_batch} "
+            f"{kinds}: dp={self.dp} tp={self.tp} pp={self.pp}"
+            + (f"x{self.interleave}" if self.interleave > 1 else "")
+            + f" mb={self.micro_batch} "
             f"sharding={self.sharding} recompute={self.recompute}"
         )
 

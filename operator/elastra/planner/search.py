@@ -26,6 +26,7 @@ fewer GPUs, lower price and then the layout itself, so the order is total and de
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from elastra.planner.perfmodel import (
     StepPrediction,
     TypeLoad,
     effective_gbs,
+    in_flight,
     memory_gib,
     micro_batch_time,
     predict_step,
@@ -126,6 +128,58 @@ def plan_job(
     return PlanResult(
         plans=placed, reason=None, rejections=rejections.summary(), candidates=search.evaluated
     )
+
+
+def evaluate_layout(
+    job: JobRequirements,
+    inventory: Inventory,
+    *,
+    pods: Sequence[tuple[str, int]],
+    tp: int,
+    pp: int,
+    micro_batch: int,
+    sharding: Sharding,
+    recompute: Recompute,
+    interleave: int = 1,
+    constants: ModelConstants = DEFAULT_CONSTANTS,
+) -> PlanResult:
+    """Predict one given layout (``pods`` per GPU type name, in data-parallel order).
+
+    For a layout that runs now (is a resize worth it?) and for checking the model against
+    published runs. Infeasible layouts (memory, divisibility, capacity) give a reason.
+    """
+    rejections = _Rejections()
+    by_name = {pool.gpu.name: pool for pool in _pools(job, inventory, rejections)}
+    missing = [name for name, _ in pods if name not in by_name]
+    if missing or job.model is None:
+        why = f"no usable {', '.join(missing)} capacity" if missing else "job has no model"
+        return _infeasible(why, rejections, 0)
+    mix = tuple(by_name[name] for name, _ in pods)
+    counts = tuple(count for _, count in pods)
+    for pool, count in zip(mix, counts, strict=True):
+        if count > pool.pods:
+            rejections.add("capacity", f"{pool.gpu.name}: {count} pods > {pool.pods} slots")
+            return _infeasible("not enough capacity", rejections, 0)
+    search = _Search(job, list(mix), constants, rejections)
+    per_pod = job.devices_per_worker
+    replicas = tuple(c * per_pod // (tp * pp) for c in counts)
+    scored = search._fit(
+        job.model,
+        mix,
+        counts,
+        replicas,
+        tp=tp,
+        pp=pp,
+        mb=micro_batch,
+        sharding=sharding,
+        dp_gbs=search._dp_bandwidth(mix, counts, tp, pp),
+        interleave=interleave,
+        recomputes=(recompute,),
+    )
+    if scored is None:
+        return _infeasible("layout does not fit", rejections, search.evaluated)
+    plan = _with_placement(scored.plan, list(mix), job)
+    return PlanResult((plan,), None, rejections.summary(), search.evaluated)
 
 
 def _distinct(scored: Sequence[_Scored], top_k: int) -> list[_Scored]:
@@ -364,7 +418,7 @@ class _Search:
         for mb in MICRO_BATCHES:
             if job.global_batch_size % mb or mb * dp > job.global_batch_size:
                 continue
-            for sharding in job.sharding:
+            for sharding, interleave in product(job.sharding, _interleave_options(model, pp)):
                 if dp == 1 and sharding != "none":
                     continue
                 scored = self._fit(
@@ -377,6 +431,7 @@ class _Search:
                     mb=mb,
                     sharding=sharding,
                     dp_gbs=dp_gbs,
+                    interleave=interleave,
                 )
                 if scored is not None:
                     yield scored
@@ -393,18 +448,25 @@ class _Search:
         mb: int,
         sharding: Sharding,
         dp_gbs: float,
+        interleave: int = 1,
+        recomputes: tuple[Recompute, ...] = RECOMPUTE_MODES,
     ) -> _Scored | None:
         """The cheapest recomputation that fits memory for this layout, scored; or None."""
         job = self.job
         dp = sum(replicas)
         worst = ""
-        for recompute in RECOMPUTE_MODES:
+        for recompute in recomputes:
             slots = tuple(
-                self._slot(pool, model, tp=tp, pp=pp, mb=mb, recompute=recompute) for pool in mix
+                self._slot(
+                    pool, model, tp=tp, pp=pp, mb=mb, recompute=recompute, interleave=interleave
+                )
+                for pool in mix
             )
             if any(math.isinf(s.per_slot) for s in slots):
                 return None
             split = _split_batch(job.global_batch_size // mb, replicas, slots, pp)
+            if split is not None and interleave > 1 and any(k % pp for k in split):
+                return None  # the interleaved schedule needs whole rounds of pp micro-batches
             if split is None:
                 over = "+".join(f"{r}x{p.gpu.name}" for p, r in zip(mix, replicas, strict=True))
                 self.rejections.add(
@@ -425,7 +487,7 @@ class _Search:
                     recompute=recompute,
                     precision=job.precision,
                     dp=dp,
-                    in_flight=min(pp, k),
+                    in_flight=in_flight(pp, k, interleave),
                 )
                 usable = usable_memory_gib(pool.gpu, self.constants)
                 peak = max(peak, need)
@@ -462,7 +524,8 @@ class _Search:
                 )
                 for pool, c, r, k in zip(mix, counts, replicas, split, strict=True)
             )
-            return self._score(Plan(shares, dp, tp, pp, mb, sharding, recompute, predicted))
+            plan = Plan(shares, dp, tp, pp, mb, sharding, recompute, predicted)
+            return self._score(dataclasses.replace(plan, interleave=interleave))
         self.rejections.add("memory", worst)
         return None
 
@@ -503,9 +566,17 @@ class _Search:
     # -- helpers -------------------------------------------------------------------------
 
     def _slot(
-        self, pool: TypePool, model: ModelShape, *, tp: int, pp: int, mb: int, recompute: Recompute
+        self,
+        pool: TypePool,
+        model: ModelShape,
+        *,
+        tp: int,
+        pp: int,
+        mb: int,
+        recompute: Recompute,
+        interleave: int,
     ) -> MicroBatchTime:
-        key = (pool.gpu.name, tp, pp, mb, recompute)
+        key = (pool.gpu.name, tp, pp, mb, recompute, interleave)
         cached = self._slot_cache.get(key)
         if cached is None:
             within_pod = tp * pp <= self.job.devices_per_worker
@@ -520,6 +591,7 @@ class _Search:
                 recompute=recompute,
                 precision=self.job.precision,
                 p2p_gbs=p2p,
+                interleave=interleave,
                 constants=self.constants,
             )
             self._slot_cache[key] = cached
@@ -555,6 +627,15 @@ class _Search:
         return _Scored(key, tiebreak, plan)
 
 
+def _interleave_options(model: ModelShape, pp: int) -> tuple[int, ...]:
+    """Virtual stages per GPU to try: 1, and the most (up to 4) that split a stage evenly."""
+    if pp == 1:
+        return (1,)
+    per_stage = math.ceil(model.layers / pp)
+    most = max((v for v in (2, 3, 4) if per_stage % v == 0), default=1)
+    return (1,) if most == 1 else (1, most)
+
+
 def _split_batch(
     micro_batches: int,
     replicas: tuple[int, ...],
@@ -577,10 +658,11 @@ def _split_batch(
     order = sorted(range(len(replicas)), key=lambda i: (-replicas[i], i))
     reps = [replicas[i] for i in order]
     times = [slots[i].per_slot for i in order]
-    # Everyone finishes at T: k_i = T / t_i - (pp - 1); sum r_i k_i = M.
+    bubble = slots[0].bubble_slots(pp)
+    # Everyone finishes at T: k_i = T / t_i - bubble; sum r_i k_i = M.
     rate = sum(r / t for r, t in zip(reps, times, strict=True))
-    finish = (micro_batches + (pp - 1) * sum(reps)) / rate
-    ideal = [finish / t - (pp - 1) for t in times]
+    finish = (micro_batches + bubble * sum(reps)) / rate
+    ideal = [finish / t - bubble for t in times]
     last = len(reps) - 1
     windows: list[range] = []
     for i in range(last):
@@ -593,7 +675,7 @@ def _split_batch(
         if rest < reps[last] or rest % reps[last]:
             continue
         ks = (*choice, rest // reps[last])
-        slowest = max((k + pp - 1) * t for k, t in zip(ks, times, strict=True))
+        slowest = max((k + bubble) * t for k, t in zip(ks, times, strict=True))
         if best is None or (slowest, ks) < best:
             best = (slowest, ks)
     if best is None:
@@ -615,15 +697,4 @@ def _with_placement(plan: Plan, pools: list[TypePool], job: JobRequirements) -> 
         pp=plan.pp,
         devices_per_pod=job.devices_per_worker,
     )
-    return Plan(
-        plan.types,
-        plan.dp,
-        plan.tp,
-        plan.pp,
-        plan.micro_batch,
-        plan.sharding,
-        plan.recompute,
-        plan.predicted,
-        pods,
-        ranks,
-    )
+    return dataclasses.replace(plan, pods=pods, ranks=ranks)
