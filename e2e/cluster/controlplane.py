@@ -54,6 +54,11 @@ SERVICE_CIDR = "10.96.0.0/16"
 FIRST_SERVICE_IP = "10.96.0.1"
 KWOK_POD_CIDR = "127.128.0.0/9"
 KWOK_NODE_IP = "127.0.0.2"
+# kwok renews each node's Lease every NODE_LEASE_SECONDS / 4; the node lifecycle controller
+# marks a node Unknown after NODE_GRACE_SECONDS without a renewal (the default 50 s is too
+# tight for a thousand simulated nodes on a busy two-core machine).
+NODE_LEASE_SECONDS = 80
+NODE_GRACE_SECONDS = 120
 
 Log = Callable[[str], None]
 
@@ -366,6 +371,7 @@ def _start_controller_manager(ctx: Ctx) -> procs.Daemon:
             f"--cluster-signing-key-file={pki.ca_key}",
             "--kube-api-qps=200",
             "--kube-api-burst=400",
+            f"--node-monitor-grace-period={NODE_GRACE_SECONDS}s",
             "--profiling=false",
             "--v=1",
         ],
@@ -405,7 +411,18 @@ def _start_scheduler(ctx: Ctx) -> procs.Daemon:
 def _start_kwok(ctx: Ctx) -> procs.Daemon:
     p = ctx.state.ports
     config = ctx.layout.etc / "kwok.yaml"
-    shutil.copyfile(STAGES, config)
+    # kwok's defaults (4 workers, 40 s leases renewed every 10 s) fall behind with a thousand
+    # nodes on two cores and nodes flap to NotReady; more workers and longer leases keep up.
+    options = {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokConfiguration",
+        "options": {
+            "nodeLeaseParallelism": 16,
+            "nodePlayStageParallelism": 16,
+            "podPlayStageParallelism": 16,
+        },
+    }
+    config.write_text(yaml.safe_dump(options) + "---\n" + STAGES.read_text())
     return ctx.start(
         "kwok",
         [
@@ -417,7 +434,7 @@ def _start_kwok(ctx: Ctx) -> procs.Daemon:
             f"--cidr={KWOK_POD_CIDR}",
             f"--node-ip={KWOK_NODE_IP}",
             f"--server-address=127.0.0.1:{p['kwok']}",
-            "--node-lease-duration-seconds=40",
+            f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
         ],
     )
 
@@ -532,6 +549,15 @@ def _bring_up(ctx: Ctx, fleet: str | None) -> None:
         _apply_fleet(fleet, layout, replace=False, timeout=300)
 
 
+def _kube_version(bindir: Path) -> str:
+    """The Kubernetes version the toolchain was built at (from its MANIFEST), or ''."""
+    try:
+        lines = (bindir.parent / "MANIFEST").read_text().splitlines()
+    except FileNotFoundError:
+        return ""
+    return next((ln.split("=", 1)[1] for ln in lines if ln.startswith("kubernetes=")), "")
+
+
 def _exists(api: Api, path: str) -> bool:
     try:
         api.get(path)
@@ -576,7 +602,7 @@ def install_crds(layout: Layout, state: State, crds_dir: Path = CRDS_DIR) -> lis
 
 def _crd_established(api: Api, name: str) -> bool:
     crd = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-    conditions = crd.get("status", {}).get("conditions", [])
+    conditions = (crd.get("status") or {}).get("conditions") or []
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
@@ -623,7 +649,8 @@ def _apply_fleet(fleet_ref: str, layout: Layout, *, replace: bool, timeout: floa
     fleet = load_fleet(resolve_fleet_path(fleet_ref, FLEETS_DIR))
     api = admin_api(layout, state)
     with _step(f"fleet {fleet.summary()}"):
-        wanted = {m["metadata"]["name"]: m for m in fleet.node_manifests()}
+        version = _kube_version(Path(state.bindir))
+        wanted = {m["metadata"]["name"]: m for m in fleet.node_manifests(kubelet_version=version)}
         current = _list_nodes(api, FLEET_LABEL)
         stale = [
             n["metadata"]["name"]
