@@ -34,6 +34,7 @@ from typing import Any, Literal
 from . import exitcodes
 from .assignment import Assignment, AssignmentError, read_assignment_file
 from .control import CONTROL_DIR_ENV, ControlDir
+from .lifeline import PARENT_PID_ENV
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,7 @@ class Agent:
                 "MASTER_PORT": str(a.master_port),
                 "ELASTRA_WORLD_VERSION": str(a.world_version),
                 "ELASTRA_ASSIGNMENT_JSON": a.to_json(),
+                PARENT_PID_ENV: str(os.getpid()),
                 CONTROL_DIR_ENV: str(self.control.path),
             }
         )

@@ -61,6 +61,7 @@ from .control import CONTROL_DIR_ENV, ControlDir, TrainerStatus
 from .dataorder import DataOrder, Share, rank_shares
 from .faults import Faults
 from .layout import CheckpointRoot, Manifest
+from .lifeline import arm_from_env
 
 log = logging.getLogger(__name__)
 
@@ -229,6 +230,7 @@ class Session:
 
     def start(self) -> None:
         """Join this world version's rendezvous (a fresh store namespace per version)."""
+        arm_from_env()  # started by an agent: die with it
         threads = os.environ.get("ELASTRA_THREADS")
         if threads:
             torch.set_num_threads(int(threads))

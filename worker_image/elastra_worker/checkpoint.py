@@ -6,6 +6,10 @@ verifiable. Hashing is spread over the ranks: each rank hashes the files it wrot
 still in its page cache, and on load each rank re-hashes a share of the files, so a corrupt
 shard is found without one rank reading the whole checkpoint.
 
+Hashes are computed while DCP writes: the writer's file streams feed sha256 in the writer
+threads (hashlib releases the GIL), so no file is read back after a save. A stream that seeks
+(which would make the running hash wrong) falls back to reading the file back.
+
 All coordination goes through a gloo process group passed in (``group``), so the same code runs
 for CPU (gloo) and GPU (nccl) training, and an asynchronous save can run in a background thread
 on its own group while training continues on the default one.
@@ -13,20 +17,23 @@ on its own group while training continues on the default one.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
 import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -68,6 +75,79 @@ def _broadcast(obj: Any, group: dist.ProcessGroup | None) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group else 0, group=group)
     return box[0]
+
+
+class _HashingStream(io.RawIOBase):
+    """A write-only file that keeps a running sha256 and size of what went through it."""
+
+    def __init__(self, raw: io.BufferedWriter, on_close: Callable[[FileEntry | None], None]):
+        super().__init__()
+        self._raw = raw
+        self._hash = hashlib.sha256()
+        self._size = 0
+        self._valid = True
+        self._on_close = on_close
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        self._hash.update(view)
+        self._size += view.nbytes
+        return self._raw.write(view)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._valid = False  # the running hash no longer matches the file
+        return self._raw.seek(offset, whence)
+
+    def flush(self) -> None:
+        if not self._raw.closed:
+            self._raw.flush()
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+            entry = FileEntry(self._size, self._hash.hexdigest()) if self._valid else None
+            self._on_close(entry)
+        super().close()
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP's local file system, recording size and sha256 of every file it writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entries: dict[str, FileEntry | None] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def create_stream(
+        self, path: str | os.PathLike[str], mode: str
+    ) -> Generator[io.IOBase, None, None]:
+        if mode != "wb":
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        name = Path(path).name
+
+        def record(entry: FileEntry | None) -> None:
+            with self._lock:
+                self.entries[name] = entry
+
+        with _HashingStream(open(path, "wb"), record) as stream:
+            yield stream
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        super().rename(path, new_path)
+        with self._lock:
+            self.entries[Path(new_path).name] = self.entries.pop(Path(path).name, None)
 
 
 class Checkpointer:
@@ -161,12 +241,21 @@ class Checkpointer:
             thread_count=self.thread_count,
             overwrite=True,
         )
+        hashing = _HashingFileSystem()
+        writer.fs = hashing
         dcp_save(state, storage_writer=writer, process_group=group)
         if self.after_write is not None:
             self.after_write(step)
+        # Each rank reports the files it wrote, hashed on the way out; a file whose stream
+        # seeked, or one that nobody reports, is read back by its owner.
         names: list[str] = _broadcast(sorted(os.listdir(partial)) if rank == 0 else None, group)
-        mine = [n for i, n in enumerate(names) if file_owner(n, i, world) == rank]
-        entries = _hash_files(partial, mine)
+        reported = {n: e for n, e in hashing.entries.items() if e is not None}
+        known: list[list[str] | None] = [None] * world
+        dist.all_gather_object(known, sorted(reported), group=group)
+        covered = {n for part in known for n in part or []}
+        missing = [n for n in names if n not in covered]
+        mine = [n for i, n in enumerate(missing) if file_owner(n, i, world) == rank]
+        entries = {**reported, **_hash_files(partial, mine)}
         gathered: list[dict[str, FileEntry] | None] = [None] * world
         dist.all_gather_object(gathered, entries, group=group)
         final = self.root.step_path(step)

@@ -18,6 +18,7 @@ from . import exitcodes
 from .agent import Agent, AgentConfig
 from .assignment import AssignmentError, assignment_from_env, assignment_path
 from .launcher import LaunchError, LocalJob, LocalLauncher, parse_fault, parse_schedule
+from .lifeline import arm_from_env
 from .metrics import DEFAULT_METRICS_PORT, METRICS_PORT_ENV, WorkerCollector, serve
 
 
@@ -30,6 +31,7 @@ def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def _run(args: argparse.Namespace, command: list[str]) -> int:
+    arm_from_env()  # started by the local launcher: die with it
     path = assignment_path()
     static = None
     if not path.exists() and os.environ.get("WORLD_SIZE"):

@@ -35,6 +35,7 @@ from typing import Any
 from . import exitcodes
 from .assignment import API_VERSION, KIND, Consistency
 from .faults import KILL_AT_STEP_ENV, KILL_IN_SAVE_ENV
+from .lifeline import PARENT_PID_ENV
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +215,7 @@ class LocalLauncher:
         env.update(
             {
                 "ELASTRA_ASSIGNMENT_FILE": str(pod.assignment_file),
+                PARENT_PID_ENV: str(os.getpid()),
                 "ELASTRA_STEP_LOG": str(self.job.log_file),
                 "ELASTRA_METRICS_PORT": "0",
                 "ELASTRA_THREADS": env.get("ELASTRA_THREADS", "1"),
@@ -291,6 +293,8 @@ class LocalLauncher:
         self.job.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.job.log_file.parent.mkdir(parents=True, exist_ok=True)
         self.job.log_file.unlink(missing_ok=True)
+        # SIGTERM (a CI deadline, Ctrl-C's cousin) still runs the cleanup below.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         try:
             for seg in self.job.schedule:
                 self._run_segment(seg)
