@@ -35,7 +35,9 @@ Sources (abbreviated in the entries):
   [AMD-CLOUD] public MI300X on-demand offers, 2024 (about $2.5/GPU-hour).
   [CPU]    Intel Xeon (Sapphire Rapids) AVX-512: 2 FMA units x 16 fp32 lanes x 2 FLOP
            x ~3 GHz = ~0.19 TFLOP/s per core; AWS c7i at $0.0446 per vCPU-hour.
-  [CAL]    model constant calibrated against the published runs in ``validation``.
+  [CAL]    model constant calibrated against the published runs in ``validation`` (A100,
+           H100 SXM). For other types ``gemm_efficiency`` is an uncalibrated guess: fit it
+           from measured steps with ``calibration`` before trusting absolute predictions.
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ def _gpu(
 
 CATALOG: tuple[GpuType, ...] = (
     # [H200] 989 TFLOP/s dense bf16/fp16, 494 TF32, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s.
-    # [DGX]-class HGX H200 nodes: 8 GPUs, 8x400 Gb/s. Price [LAMBDA]. Efficiency [CAL] as H100.
+    # [DGX]-class HGX H200 nodes: 8 GPUs, 8x400 Gb/s. Price [LAMBDA]. Efficiency [CAL] as H100 SXM.
     _gpu(
         "H200-SXM-141GB",
         "H200",
@@ -127,7 +129,7 @@ CATALOG: tuple[GpuType, ...] = (
         per_node=8,
         nic_gbps=3200.0,
         usd=3.80,
-        eff=0.62,
+        eff=0.84,
         labels=("NVIDIA-H200", "NVIDIA-H200-141GB-HBM3e", "NVIDIA-H200-SXM-141GB"),
     ),
     # [H100] SXM5: 989/989/494 TFLOP/s, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s.
@@ -142,11 +144,12 @@ CATALOG: tuple[GpuType, ...] = (
         per_node=8,
         nic_gbps=3200.0,
         usd=2.99,
-        eff=0.62,
+        eff=0.84,
         labels=("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB", "NVIDIA-H100-SXM"),
     ),
     # [H100] PCIe: 756/756/378 TFLOP/s, 80 GB HBM2e at 2.0 TB/s, PCIe Gen5 128 GB/s bidir.
-    # Typical 8-GPU PCIe servers with 2x200 Gb/s. Price [LAMBDA] $2.49.
+    # Typical 8-GPU PCIe servers with 2x200 Gb/s. Price [LAMBDA] $2.49. Efficiency: below
+    # SXM for the lower clock and power limit (350 W), a guess until calibrated.
     _gpu(
         "H100-PCIe-80GB",
         "H100",
@@ -157,7 +160,7 @@ CATALOG: tuple[GpuType, ...] = (
         per_node=8,
         nic_gbps=400.0,
         usd=2.49,
-        eff=0.62,
+        eff=0.75,
         labels=("NVIDIA-H100-PCIe", "NVIDIA-H100-PCIE-80GB", "NVIDIA-H100-80GB-PCIe"),
     ),
     # [A100] SXM4 80GB: 312/312/156 TFLOP/s, 2.039 TB/s, NVLink 600 GB/s.
@@ -172,7 +175,7 @@ CATALOG: tuple[GpuType, ...] = (
         per_node=8,
         nic_gbps=1600.0,
         usd=1.79,
-        eff=0.70,
+        eff=0.64,
         labels=("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-SXM4"),
     ),
     # [A100] SXM4 40GB: 312/312/156 TFLOP/s, 1.555 TB/s, NVLink 600 GB/s.
@@ -187,7 +190,7 @@ CATALOG: tuple[GpuType, ...] = (
         per_node=8,
         nic_gbps=1600.0,
         usd=1.29,
-        eff=0.70,
+        eff=0.64,
         labels=("NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-40GB-SXM4"),
     ),
     # [A100] PCIe 80GB: 312/312/156 TFLOP/s, 1.935 TB/s, PCIe Gen4 64 GB/s bidir.
@@ -202,7 +205,7 @@ CATALOG: tuple[GpuType, ...] = (
         per_node=8,
         nic_gbps=200.0,
         usd=1.60,
-        eff=0.70,
+        eff=0.64,
         labels=("NVIDIA-A100-80GB-PCIe", "NVIDIA-A100-PCIE-80GB"),
     ),
     # [A100] PCIe 40GB: 312/312/156 TFLOP/s, 1.555 TB/s, PCIe Gen4. Price [LAMBDA] ~$1.29.
@@ -216,7 +219,7 @@ CATALOG: tuple[GpuType, ...] = (
         per_node=8,
         nic_gbps=200.0,
         usd=1.29,
-        eff=0.70,
+        eff=0.64,
         labels=("NVIDIA-A100-PCIE-40GB", "NVIDIA-A100-40GB-PCIe"),
     ),
     # [L40S] 362/362/183 TFLOP/s dense, 48 GB GDDR6 at 864 GB/s, PCIe Gen4 (no NVLink).

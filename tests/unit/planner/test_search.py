@@ -1,0 +1,162 @@
+"""Table tests: (inventory, job) -> the plan the planner should choose, or why none fits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from elastra.planner import JobRequirements, ModelShape, parse_inventory, plan_job
+from elastra.planner.inventory import Inventory
+
+from .nodes import fleet, node, node_list
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+LLAMA_7B = ModelShape(32, 4096, 11008, 32, 32, 32000, 4096)
+LLAMA_70B = ModelShape(80, 8192, 28672, 64, 8, 32000, 4096)
+
+
+def job(**overrides: object) -> JobRequirements:
+    fields: dict[str, object] = {
+        "global_batch_size": 512,
+        "replicas": 8,
+        "min_replicas": 1,
+        "gpus_per_worker": 8,
+        "model": LLAMA_7B,
+    }
+    fields.update(overrides)
+    return JobRequirements(**fields)  # type: ignore[arg-type]
+
+
+def hetero_example() -> Inventory:
+    return parse_inventory(yaml.safe_load((EXAMPLES / "nodes-hetero.yaml").read_text()))
+
+
+def test_example_mixes_h100_and_a100_with_uneven_shares() -> None:
+    result = plan_job(
+        job(min_replicas=2, gpu_types=("H100", "A100"), heterogeneous=True), hetero_example()
+    )
+    best = result.plans[0]
+    assert {s.gpu_type: s.gpus for s in best.types} == {"H100-SXM-80GB": 32, "A100-SXM-80GB": 32}
+    h100, a100 = best.types
+    assert h100.batch_share > a100.batch_share  # the faster type takes more of each step
+    assert sum(s.replicas * s.batch_share for s in best.types) == 512
+    assert best.dp == sum(s.replicas for s in best.types)
+    assert len(best.ranks) == 64 and {r.node for r in best.ranks[:8]} == {"h100-0"}
+
+
+def test_homogeneous_job_uses_one_type_the_fastest() -> None:
+    result = plan_job(job(gpu_types=("H100", "A100")), hetero_example())
+    assert [(s.gpu_type, s.gpus) for s in result.plans[0].types] == [("H100-SXM-80GB", 32)]
+    assert all(len(p.types) == 1 for p in result.plans)
+
+
+def test_gpu_types_restriction_is_honoured() -> None:
+    result = plan_job(job(gpu_types=("A100",), heterogeneous=True), hetero_example())
+    assert {s.gpu_type for p in result.plans for s in p.types} == {"A100-SXM-80GB"}
+    assert any(r.category == "constraint" for r in result.rejections)
+
+
+def test_manual_mode_fixes_tensor_and_pipeline() -> None:
+    result = plan_job(job(tensor=4, pipeline=2), fleet(h100=4))
+    assert {(p.tp, p.pp) for p in result.plans} == {(4, 2)}
+
+
+def test_manual_tensor_that_does_not_divide_heads_is_a_reason() -> None:
+    model = ModelShape(32, 4096, 11008, 32, 32, 32000, 4096)
+    result = plan_job(job(model=model, tensor=3, gpus_per_worker=6), fleet(h100=1))
+    assert not result.feasible
+    assert (
+        result.reason is not None and "tp=3 does not divide model.attentionHeads" in result.reason
+    )
+
+
+def test_70b_needs_model_parallelism_or_sharding_on_80gb() -> None:
+    best = plan_job(job(model=LLAMA_70B, replicas=16), fleet(h100=16)).plans[0]
+    assert best.tp * best.pp > 1 or best.sharding == "full"
+    assert best.predicted.peak_memory_gib <= 80
+
+
+def test_memory_too_small_everywhere_gives_a_memory_reason() -> None:
+    result = plan_job(job(model=LLAMA_70B, replicas=1), fleet(a100_40=1))
+    assert not result.feasible
+    assert result.reason is not None and "memory" in result.reason
+
+
+def test_not_enough_pods_gives_a_capacity_reason() -> None:
+    result = plan_job(job(min_replicas=5), fleet(h100=4))
+    assert not result.feasible
+    assert result.reason is not None and "capacity" in result.reason
+
+
+def test_bf16_job_never_lands_on_v100() -> None:
+    result = plan_job(job(), fleet(v100=4))
+    assert not result.feasible
+    assert result.reason is not None and "no bf16 support" in result.reason
+    assert plan_job(job(precision="fp16"), fleet(v100=4)).feasible
+
+
+def test_cost_objective_prefers_tokens_per_dollar() -> None:
+    inventory = fleet(h100=2, a100=2)
+    cheap = plan_job(job(objective="cost", heterogeneous=True), inventory).plans[0]
+    fast = plan_job(job(heterogeneous=True), inventory).plans[0]
+    assert cheap.tokens_per_dollar >= fast.tokens_per_dollar
+    assert fast.predicted.tokens_per_s >= cheap.predicted.tokens_per_s
+
+
+def test_plans_are_ranked_best_first() -> None:
+    plans = plan_job(job(), fleet(h100=4), top_k=5).plans
+    speeds = [p.predicted.tokens_per_s for p in plans]
+    assert speeds == sorted(speeds, reverse=True) and len(plans) == 5
+
+
+def test_job_without_model_is_pure_data_parallel_with_speed_shares() -> None:
+    inventory = parse_inventory(
+        node_list(
+            node("h", product="NVIDIA-H100-80GB-HBM3", gpus=1),
+            node("t", product="Tesla-T4", gpus=1),
+        )
+    )
+    result = plan_job(
+        job(
+            model=None,
+            gpus_per_worker=1,
+            replicas=2,
+            global_batch_size=64,
+            precision="fp16",
+            heterogeneous=True,
+        ),
+        inventory,
+    )
+    best = result.plans[0]
+    assert (best.tp, best.pp, best.dp) == (1, 1, 2)
+    shares = {s.gpu_type: s.batch_share for s in best.types}
+    assert shares["H100-SXM-80GB"] > shares["T4"] and sum(shares.values()) == 64
+
+
+def test_cpu_job_runs_on_cpu_nodes_by_cores() -> None:
+    inventory = parse_inventory(node_list(node("c", product=None, gpus=0, cpu="2"), node("g")))
+    result = plan_job(
+        job(
+            model=None,
+            gpus_per_worker=0,
+            replicas=3,
+            global_batch_size=24,
+            cpus_per_worker=0.5,
+            precision="fp32",
+        ),
+        inventory,
+    )
+    best = result.plans[0]
+    assert best.dp == 3 and {p.node for p in best.pods} == {"c"}
+
+
+def test_pipeline_stages_of_a_replica_stay_in_one_block() -> None:
+    nodes = [node(f"n{i}", block=f"blk{i // 4}") for i in range(8)]
+    result = plan_job(
+        job(model=LLAMA_70B, replicas=8, tensor=8, pipeline=4), parse_inventory(node_list(*nodes))
+    )
+    best = result.plans[0]
+    blocks = {r.node: f"blk{int(r.node[1:]) // 4}" for r in best.ranks}
+    for replica in range(best.dp):
+        assert len({blocks[r.node] for r in best.ranks if r.dp_rank == replica}) == 1
