@@ -15,10 +15,10 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from elastra.commands import crds, plan, run, status, version
+from elastra.commands import crds, plan, run, simulate, status, version
 from elastra.errors import UserError
 
-COMMANDS: tuple[ModuleType, ...] = (version, crds, plan, run, status)
+COMMANDS: tuple[ModuleType, ...] = (version, crds, plan, run, status, simulate)
 
 
 def build_parser() -> argparse.ArgumentParser:

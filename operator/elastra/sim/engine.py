@@ -150,13 +150,13 @@ class Simulation:
         *,
         speed: SpeedModel,
         policy: Policy,
-        faults: Faults = Faults(),
+        faults: Faults | None = None,
         source: str = "<trace>",
     ) -> None:
         self.cluster = cluster
         self.speed = speed
         self.policy = policy
-        self.faults = faults
+        self.faults = faults or Faults()
         self.nodes = NodePool(cluster.inventory)
         self.jobs = [self._job(i, spec, source) for i, spec in enumerate(jobs)]
         self.now = 0.0
@@ -171,7 +171,7 @@ class Simulation:
         self._heap: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
         self._wakes: set[float] = set()
-        self._rng = random.Random(faults.seed)
+        self._rng = random.Random(self.faults.seed)
 
     # -- setup -------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ def run_policies(
     jobs: Sequence[TraceJob],
     policies: Sequence[str],
     *,
-    faults: Faults = Faults(),
+    faults: Faults | None = None,
     source: str = "<trace>",
     speed: SpeedModel | None = None,
 ) -> tuple[SimResult, ...]:

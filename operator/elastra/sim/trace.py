@@ -60,7 +60,9 @@ def parse_trace(text: str, *, source: str) -> tuple[TraceJob, ...]:
     try:
         header = next(reader)
     except StopIteration:
-        raise UserError(f"{source}:1: empty trace (expected a header with {', '.join(REQUIRED)})")
+        raise UserError(
+            f"{source}:1: empty trace (expected a header with {', '.join(REQUIRED)})"
+        ) from None
     header = [h.strip() for h in header]
     missing = [c for c in REQUIRED if c not in header]
     if missing:
