@@ -8,10 +8,13 @@ a poll against a deadline that says what it was waiting for when it gives up.
 
 from __future__ import annotations
 
+import http.client
 import json
 import ssl
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,13 +58,39 @@ class ApiError(Exception):
 
 
 class Api:
-    """Authenticated requests to https://127.0.0.1:<port>."""
+    """Authenticated requests to https://127.0.0.1:<port>, one kept-alive connection a thread.
+
+    Keeping connections open matters when a fleet of a thousand nodes is created: a TLS
+    handshake per request costs more CPU than the request itself on a busy two-core machine.
+    """
 
     def __init__(self, server: str, *, ca: Path, cert: Path | None, key: Path | None) -> None:
+        parsed = urllib.parse.urlsplit(server)
+        if parsed.scheme != "https" or not parsed.hostname:
+            raise ValueError(f"expected https://host:port, got {server!r}")
         self.server = server.rstrip("/")
+        self._host = parsed.hostname
+        self._port = parsed.port or 443
         self._ctx = ssl.create_default_context(cafile=str(ca))
         if cert and key:
             self._ctx.load_cert_chain(str(cert), str(key))
+        self._local = threading.local()
+
+    def _connection(self, timeout: float) -> http.client.HTTPSConnection:
+        conn: http.client.HTTPSConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = http.client.HTTPSConnection(
+                self._host, self._port, context=self._ctx, timeout=timeout
+            )
+            self._local.conn = conn
+        conn.timeout = timeout
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn: http.client.HTTPSConnection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
 
     def request(
         self,
@@ -73,15 +102,26 @@ class Api:
         timeout: float = 30.0,
     ) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.server + path, data=data, method=method)
+        headers = {"Accept": "application/json"}
         if data is not None:
-            req.add_header("Content-Type", content_type)
-        req.add_header("Accept", "application/json")
-        try:
-            with urllib.request.urlopen(req, context=self._ctx, timeout=timeout) as resp:
+            headers["Content-Type"] = content_type
+        for attempt in (1, 2):
+            conn = self._connection(timeout)
+            try:
+                conn.request(method, path, body=data, headers=headers)
+                resp = conn.getresponse()
                 raw = resp.read()
-        except urllib.error.HTTPError as err:
-            raise ApiError(err.code, err.read().decode(errors="replace")) from None
+                break
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                # The server closed a kept-alive connection: open a new one, once.
+                self._drop_connection()
+                if attempt == 2:
+                    raise
+            except OSError:
+                self._drop_connection()
+                raise
+        if resp.status >= 400:
+            raise ApiError(resp.status, raw.decode(errors="replace"))
         if not raw:
             return None
         try:
@@ -96,7 +136,7 @@ class Api:
         """True when the endpoint answers 200 (connection errors count as not yet)."""
         try:
             self.request("GET", path, timeout=3.0)
-        except (ApiError, OSError):
+        except (ApiError, OSError, http.client.HTTPException):
             return False
         return True
 

@@ -633,6 +633,20 @@ def _create_nodes(api: Api, manifests: list[dict[str, Any]], existing: set[str])
     return len(todo)
 
 
+def _delete_nodes(api: Api, names: list[str]) -> None:
+    """DELETE nodes a few at a time; ones already gone are fine."""
+
+    def delete(name: str) -> None:
+        try:
+            api.request("DELETE", f"/api/v1/nodes/{name}")
+        except ApiError as err:
+            if err.status != 404:
+                raise ClusterError(f"deleting node {name}: {err}") from None
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(delete, names))
+
+
 def apply_fleet(
     fleet_ref: str, *, layout: Layout | None = None, replace: bool = False, timeout: float = 300
 ) -> Fleet:
@@ -659,9 +673,7 @@ def _apply_fleet(fleet_ref: str, layout: Layout, *, replace: bool, timeout: floa
             or n["metadata"]["name"] not in wanted
             or n["metadata"]["labels"].get(FLEET_LABEL) != fleet.name
         ]
-        for name in stale:
-            with contextlib.suppress(ApiError):
-                api.request("DELETE", f"/api/v1/nodes/{name}")
+        _delete_nodes(api, stale)
         if stale:
             gone = set(stale)
             wait_for(
