@@ -21,7 +21,6 @@ CACHE_ROOT="${ELASTRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elastra}/toolchain"
 # Bump when the build flags or the set of binaries change, so caches built the old way are not
 # reused (editing comments or messages here does not invalidate the cache).
 RECIPE=1
-MIN_FREE_GIB=8   # a cold build fills ~2 GiB of modules and ~4 GiB of Go build cache
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
 
@@ -30,7 +29,7 @@ die() { printf 'toolchain: error: %s\n' "$*" >&2; exit 1; }
 
 need_go() {
   command -v go >/dev/null 2>&1 ||
-    die "'go' is not on PATH. Install Go >= 1.26 (Debian: a golang package that new, or the Go tarball) and retry."
+    die "'go' is not on PATH. Install Go >= 1.26 (Debian bookworm's golang package is too old), put it on PATH and retry."
   local have want
   have="$(go env GOVERSION)"          # e.g. go1.26.8
   want="$(sed -n 's/^go \([0-9.]*\).*/\1/p' "$HERE/kubernetes/go.mod")"
@@ -90,13 +89,22 @@ ldflags_for() {
   esac
 }
 
+# Needs in GiB: the toolchain (~0.7), the module cache (~2) and the Go build cache (~4.5).
+# Folders on one filesystem add up.
 check_disk() {
-  local dir free_kib
-  for dir in "$CACHE_ROOT" "$(go env GOMODCACHE)" "$(go env GOCACHE)"; do
+  local -A need=() where=()
+  local dir gib fs free_kib
+  for spec in "$CACHE_ROOT:1" "$(go env GOMODCACHE):3" "$(go env GOCACHE):5"; do
+    dir="${spec%:*}"; gib="${spec##*:}"
     mkdir -p "$dir"
-    free_kib="$(df -Pk "$dir" | awk 'NR==2 {print $4}')"
-    if (( free_kib < MIN_FREE_GIB * 1024 * 1024 )); then
-      die "only $((free_kib / 1024 / 1024)) GiB free under $dir; a cold build needs about ${MIN_FREE_GIB} GiB. Free some disk (e.g. 'go clean -cache') or point ELASTRA_CACHE/GOCACHE elsewhere."
+    fs="$(df -P "$dir" | awk 'NR==2 {print $6}')"
+    need[$fs]=$(( ${need[$fs]:-0} + gib ))
+    where[$fs]="${where[$fs]:+${where[$fs]}, }$dir"
+  done
+  for fs in "${!need[@]}"; do
+    free_kib="$(df -Pk "$fs" | awk 'NR==2 {print $4}')"
+    if (( free_kib < need[$fs] * 1024 * 1024 )); then
+      die "only $((free_kib / 1024 / 1024)) GiB free on $fs (${where[$fs]}); a cold build needs about ${need[$fs]} GiB there. Free some disk (e.g. 'go clean -cache') or point ELASTRA_CACHE, GOCACHE or GOMODCACHE elsewhere."
     fi
   done
 }
@@ -132,7 +140,8 @@ build() {
   check_disk
   stage="$CACHE_ROOT/.build-$key-$$"
   rm -rf "$stage"; mkdir -p "$stage/bin"
-  log="$stage/build.log"
+  log="$CACHE_ROOT/build-$key.log"   # outside $stage: it must outlive a failed build
+  : >"$log"
   trap 'rm -rf "$stage"' EXIT
   say "cold cache: building into $dest (log: $log; 20-30 min on 2 cores)"
   local i=0 m
@@ -166,6 +175,7 @@ build() {
       esac
     done
   } >"$stage/MANIFEST"
+  mv "$log" "$stage/build.log"
   rm -rf "$dest"
   mv "$stage" "$dest"
   trap - EXIT
