@@ -20,6 +20,7 @@ from elastra.sim.engine import Faults
 from elastra.sim.experiment import run_policies
 from elastra.sim.fleet import load_cluster
 from elastra.sim.metrics import render_table
+from elastra.sim.plots import write_plots
 from elastra.sim.policies import POLICY_NAMES
 from elastra.sim.public import load_helios, load_philly
 from elastra.sim.trace import load_trace
@@ -78,8 +79,6 @@ def run(args: argparse.Namespace) -> int:
         jobs = loader(args.trace, gpu_type=gpu_type)
     results = run_policies(cluster, jobs, policies, faults=faults, source=args.trace)
     if args.plots:
-        from elastra.sim.plots import write_plots
-
         write_plots(results, Path(args.plots))
     if args.output == "json":
         documents = [r.to_json() for r in results]

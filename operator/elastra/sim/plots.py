@@ -15,14 +15,15 @@ from elastra.sim.metrics import SimResult
 
 def write_plots(results: Sequence[SimResult], directory: Path) -> tuple[Path, Path]:
     """Write ``jct_cdf.png`` and ``utilization.png`` into ``directory``; their paths."""
+    # Imported here: matplotlib is optional (the dev extra), the operator never needs it.
     try:
-        import matplotlib
+        import matplotlib  # noqa: PLC0415
     except ImportError:
         raise UserError(
             "--plots: matplotlib is not installed (pip install 'elastra[dev]' or matplotlib)"
         ) from None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415
 
     try:
         directory.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ the record and the field.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from datetime import datetime
 from pathlib import Path
@@ -69,33 +70,32 @@ def load_helios(path: str | Path, *, gpu_type: str) -> tuple[TraceJob, ...]:
     """Jobs of a Helios ``cluster_log.csv`` file (see the module docstring)."""
     kind = _type(gpu_type)
     try:
-        handle = Path(path).open(newline="")
+        text = Path(path).read_text()
     except OSError as err:
         raise UserError(f"{path}: cannot read: {err.strerror}") from None
     raw: list[tuple[str, datetime, int, float, int]] = []
-    with handle:
-        reader = csv.DictReader(handle)
-        missing = [
-            c
-            for c in ("job_id", "gpu_num", "submit_time", "duration")
-            if c not in (reader.fieldnames or [])
-        ]
-        if missing:
-            raise UserError(f"{path}:1: missing column {', '.join(missing)} in the header")
-        for row in reader:
-            where = f"{path}:{reader.line_num}"
-            try:
-                gpus = int(row["gpu_num"])
-            except ValueError:
-                raise UserError(f"{where}: gpu_num: {row['gpu_num']!r} is not a number") from None
-            try:
-                duration = float(row["duration"])
-            except ValueError:
-                raise UserError(f"{where}: duration: {row['duration']!r} is not a number") from None
-            if gpus <= 0 or duration <= 0:
-                continue
-            submitted = _time(row["submit_time"], where, "submit_time")
-            raw.append((row["job_id"], submitted, gpus, duration, reader.line_num))
+    reader = csv.DictReader(io.StringIO(text))
+    missing = [
+        c
+        for c in ("job_id", "gpu_num", "submit_time", "duration")
+        if c not in (reader.fieldnames or [])
+    ]
+    if missing:
+        raise UserError(f"{path}:1: missing column {', '.join(missing)} in the header")
+    for row in reader:
+        where = f"{path}:{reader.line_num}"
+        try:
+            gpus = int(row["gpu_num"])
+        except ValueError:
+            raise UserError(f"{where}: gpu_num: {row['gpu_num']!r} is not a number") from None
+        try:
+            duration = float(row["duration"])
+        except ValueError:
+            raise UserError(f"{where}: duration: {row['duration']!r} is not a number") from None
+        if gpus <= 0 or duration <= 0:
+            continue
+        submitted = _time(row["submit_time"], where, "submit_time")
+        raw.append((row["job_id"], submitted, gpus, duration, reader.line_num))
     return _jobs(raw, kind, source=str(path))
 
 

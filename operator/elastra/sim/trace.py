@@ -3,8 +3,8 @@
 Columns (header required, order free, unknown columns rejected so typos do not pass):
 ``name,submitTime,gpus,gpuType,durationSeconds`` and optionally ``minGpus,maxGpus,model``.
 ``submitTime`` is seconds from the trace start; ``durationSeconds`` is how long the job ran on
-``gpus`` GPUs of ``gpuType`` (any spelling the planner's catalog knows: ``H100``-style names or
-GPU Feature Discovery labels). ``minGpus``/``maxGpus`` bound an elastic job
+``gpus`` GPUs of ``gpuType`` (a catalog name, a GPU Feature Discovery label, or a marketing
+name such as ``H100``, see ``resolve_type``). ``minGpus``/``maxGpus`` bound an elastic job
 (``minGpus <= gpus <= maxGpus``; defaults below); ``model`` names a profile in
 ``elastra.sim.models`` (default by size).
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elastra.errors import UserError
-from elastra.planner.catalog import lookup
+from elastra.planner.catalog import CATALOG, GpuType, lookup, matches
 from elastra.sim.models import BY_NAME, default_model, profile
 
 REQUIRED = ("name", "submitTime", "gpus", "gpuType", "durationSeconds")
@@ -138,7 +138,7 @@ def _row(row: Sequence[str], index: dict[str, int], *, source: str, line: int) -
         raise fail("submitTime", f"{submit:g} is negative (seconds from the trace start)")
     gpus = count("gpus")
     spelling = cell("gpuType")
-    gpu = lookup(spelling) if spelling else None
+    gpu = resolve_type(spelling) if spelling else None
     if gpu is None or gpu.is_cpu:
         raise fail("gpuType", f"unknown GPU type {spelling!r} (use a catalog name such as H100)")
     duration = number("durationSeconds")
@@ -165,6 +165,15 @@ def _row(row: Sequence[str], index: dict[str, int], *, source: str, line: int) -
         model=model,
         line=line,
     )
+
+
+def resolve_type(spelling: str) -> GpuType | None:
+    """A catalog type from a name, a product label, or a marketing name such as ``H100``
+    (which picks the first catalog entry it selects: the SXM part)."""
+    gpu = lookup(spelling)
+    if gpu is None:
+        gpu = next((g for g in CATALOG if matches(spelling, g)), None)
+    return gpu
 
 
 def format_trace(jobs: Iterable[TraceJob]) -> str:
