@@ -48,10 +48,13 @@ CRDS_DIR = Path(os.environ.get("ELASTRA_CRDS_DIR", REPO / "crds"))
 FLEETS_DIR = REPO / "e2e" / "fleets"
 DEFAULT_FLEET = "hetero-small"
 
-# Service addresses are allocated but never routed: no kube-proxy runs for kwok nodes and the
-# endpoint reconciler is off. Simulated pods and nodes get loopback addresses (see kwok below).
-SERVICE_CIDR = "10.96.0.0/16"
-FIRST_SERVICE_IP = "10.96.0.1"
+# Every address the cluster hands out is on loopback, so a client that tries to reach one (an
+# in-cluster config, the operator reading a fake pod's metrics) stays on this machine and gets
+# "connection refused" instead of sending packets to a private range. Service IPs are
+# allocated but never translated: no kube-proxy runs for kwok nodes and the endpoint reconciler
+# is off. (A real node with kube-proxy needs a non-loopback service range plus blackhole routes.)
+SERVICE_CIDR = "127.96.0.0/16"
+FIRST_SERVICE_IP = "127.96.0.1"
 KWOK_POD_CIDR = "127.128.0.0/9"
 KWOK_NODE_IP = "127.0.0.2"
 # kwok renews each node's Lease every NODE_LEASE_SECONDS / 4; the node lifecycle controller

@@ -170,15 +170,28 @@ def _issue(
     return builder.sign(ca_key, hashes.SHA256()), key
 
 
+def _serves(cert_path: Path, ip: str) -> bool:
+    """True when the serving certificate exists and names ip (the service range may change)."""
+    if not cert_path.exists():
+        return False
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    return ipaddress.ip_address(ip) in sans.get_values_for_type(x509.IPAddress)
+
+
 def ensure_pki(root: Path, *, service_ip: str) -> Pki:
     """Create the CA, the apiserver serving pair, client pairs and the service-account keys.
 
-    Files that already exist are kept, so kubeconfigs written earlier stay valid.
+    Files that already exist are kept, so kubeconfigs written earlier stay valid; the serving
+    certificate is reissued when it does not name service_ip.
     """
     root.mkdir(parents=True, exist_ok=True)
     pki = Pki(root)
     ca = _load_ca(pki) if pki.ca_cert.exists() and pki.ca_key.exists() else _make_ca(pki)
-    if not pki.serving_cert.exists():
+    if not _serves(pki.serving_cert, service_ip):
         cert, key = _issue(
             ca,
             _name("kube-apiserver"),

@@ -154,3 +154,13 @@ def test_deleting_owner_garbage_collects_owned_objects(cluster: Cluster, namespa
         return out.stdout.strip() == ""
 
     wait_for("the garbage collector to delete owned objects", gone, timeout=60)
+
+
+def test_cluster_addresses_stay_on_loopback(cluster: Cluster) -> None:
+    """Nothing the cluster hands out may lead traffic off this machine."""
+    service = cluster.get("service", "kubernetes", "-n", "default")
+    assert ipaddress.ip_address(service["spec"]["clusterIP"]).is_loopback
+    for node in cluster.get("nodes", "-l", "type=kwok")["items"]:
+        for address in node["status"]["addresses"]:
+            if address["type"] == "InternalIP":
+                assert ipaddress.ip_address(address["address"]).is_loopback
