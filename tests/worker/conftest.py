@@ -49,6 +49,8 @@ def run_local(
     steps: int = STEPS,
     extra: Sequence[str] = (),
     checkpoint_dir: Path | None = None,
+    script_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
     timeout: float = 300,
 ) -> LocalRun:
     """Run the example under the local launcher; fail the test on a timeout."""
@@ -60,11 +62,16 @@ def run_local(
         "--checkpoint-dir", str(checkpoint_dir or tmp / "ckpt"),
         "--consistency", consistency, "--log", str(log),
         "--world-timeout", "120", "--global-batch-size", "24", "--micro-batch-size", "2",
-        *extra, "--", sys.executable, str(EXAMPLE), "--dataset-size", "500",
+        *extra, "--", sys.executable, str(EXAMPLE), "--dataset-size", "500", *script_args,
     ]  # fmt: skip
     try:
         proc = subprocess.run(
-            cmd, env=quiet_env(), capture_output=True, text=True, timeout=timeout, check=False
+            cmd,
+            env={**quiet_env(), **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
     except subprocess.TimeoutExpired as err:
         pytest.fail(f"elastra-worker local hung past {timeout}s: {err.stderr!r:.3000}")

@@ -91,6 +91,26 @@ def test_corrupted_shard_is_detected_and_skipped(tmp_path: Path, static_run: Loc
     assert_same_params(second, static_run, range(4, 8))
 
 
+def test_async_checkpoints_change_nothing(tmp_path: Path, static_run: LocalRun) -> None:
+    run = run_local(tmp_path, "2:0,3:10", extra=["--checkpoint-every", "2"],
+                    env={"ELASTRA_ASYNC_CHECKPOINT": "1"})  # fmt: skip
+    assert run.returncode == 0, run.output[-3000:]
+    assert_same_params(run, static_run)
+    assert_checkpoints_intact(tmp_path / "ckpt")
+    assert "restored step 10" in run.output
+
+
+def test_fsdp_model_resizes_in_data_mode(tmp_path: Path, static_run: LocalRun) -> None:
+    run = run_local(tmp_path, "2:0,3:4", consistency="data", steps=8, script_args=["--fsdp"])
+    assert run.returncode == 0, run.output[-3000:]
+    assert "restored step 4" in run.output
+    want = static_run.by_step()
+    for rec in run.records:
+        assert rec["samples"] == want[rec["step"]]["samples"]
+        assert rec["loss"] == pytest.approx(want[rec["step"]]["loss"], rel=1e-4)
+    assert_checkpoints_intact(tmp_path / "ckpt")
+
+
 def test_twenty_consecutive_resizes_do_not_hang(tmp_path: Path, static_run: LocalRun) -> None:
     sizes = [2, 1, 3, 1, 2, 3, 2, 1, 2, 3, 1, 2, 1, 3, 2, 1, 2, 1, 3, 2, 1]  # 21 worlds
     assert len(sizes) == STEPS
