@@ -34,6 +34,7 @@ layer input (``2sbh/tp``) plus one layer's working set for ``full``; the first s
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -105,6 +106,7 @@ class TokenFlops:
         return 0.0
 
 
+@functools.lru_cache(maxsize=4096)
 def token_flops(model: ModelShape) -> TokenFlops:
     """Forward FLOPs per token (see the module docstring for the formula)."""
     h, s = model.hidden_size, model.sequence_length
@@ -117,6 +119,7 @@ def token_flops(model: ModelShape) -> TokenFlops:
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def layer_params(model: ModelShape) -> float:
     """Parameters of one transformer layer (projections, MLP, two norms)."""
     h = model.hidden_size
@@ -131,6 +134,7 @@ def total_params(model: ModelShape) -> float:
     return model.layers * layer_params(model) + 2.0 * model.vocab_size * model.hidden_size
 
 
+@functools.lru_cache(maxsize=4096)
 def stage_layers(layers: int, pp: int) -> tuple[int, int]:
     """Layers on the first and on the last stage when ``layers`` are split as evenly as can be.
 
@@ -245,6 +249,7 @@ def micro_batch_time(
     return MicroBatchTime(compute, recompute_s, tp_comm, p2p, interleave)
 
 
+@functools.lru_cache(maxsize=4096)
 def stage_params(model: ModelShape, pp: int) -> float:
     """Parameters on the heaviest pipeline stage (embedding on the first, output on the last)."""
     first, last = stage_layers(model.layers, pp)

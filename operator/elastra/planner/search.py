@@ -27,8 +27,9 @@ fewer GPUs, lower price and then the layout itself, so the order is total and de
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import combinations, product
 
@@ -46,6 +47,7 @@ from elastra.planner.perfmodel import (
     memory_gib,
     micro_batch_time,
     predict_step,
+    token_flops,
     usable_memory_gib,
 )
 from elastra.planner.placement import place
@@ -82,9 +84,11 @@ class _Rejections:
         self.counts: dict[str, int] = {}
         self.examples: dict[str, str] = {}
 
-    def add(self, category: str, example: str, count: int = 1) -> None:
+    def add(self, category: str, example: str | Callable[[], str], count: int = 1) -> None:
+        """Count a rejection; ``example`` may be a callable, formatted only if it is kept."""
         self.counts[category] = self.counts.get(category, 0) + count
-        self.examples.setdefault(category, example)
+        if category not in self.examples:
+            self.examples[category] = example if isinstance(example, str) else example()
 
     def summary(self) -> tuple[Rejection, ...]:
         ordered = sorted(self.counts, key=lambda c: (-self.counts[c], c))
@@ -119,7 +123,7 @@ def plan_job(
         )
         return _infeasible("not enough capacity", rejections, 0)
     search = _Search(job, pools, constants, rejections)
-    scored = search.run()
+    scored = search.run(top_k)
     scored.sort(key=lambda s: (s.key, s.tiebreak))
     best = _distinct(scored, top_k)
     if not best:
@@ -182,13 +186,18 @@ def evaluate_layout(
     return PlanResult((plan,), None, rejections.summary(), search.evaluated)
 
 
+def _shape(plan: Plan) -> tuple[object, ...]:
+    """What makes two plans different enough to show both: types and GPUs, tp, pp."""
+    return (tuple((s.gpu_type, s.gpus) for s in plan.types), plan.tp, plan.pp)
+
+
 def _distinct(scored: Sequence[_Scored], top_k: int) -> list[_Scored]:
-    """The best ``top_k`` plans, one per distinct (types, dp, tp, pp) shape."""
+    """The best ``top_k`` plans, one per distinct (types, GPUs, tp, pp) shape."""
     seen: set[tuple[object, ...]] = set()
     best: list[_Scored] = []
     for item in scored:
         plan = item.plan
-        shape = (tuple((s.gpu_type, s.gpus) for s in plan.types), plan.tp, plan.pp)
+        shape = _shape(plan)
         if shape in seen:
             continue
         seen.add(shape)
@@ -268,13 +277,21 @@ class _Search:
         self.constants = constants
         self.rejections = rejections
         self.evaluated = 0
+        self._out_of_memory = False
+        self._memory_cache: dict[tuple[object, ...], float] = {}
         self._slot_cache: dict[tuple[object, ...], MicroBatchTime] = {}
 
     # -- enumeration ---------------------------------------------------------------------
 
-    def run(self) -> list[_Scored]:
+    def run(self, top_k: int) -> list[_Scored]:
+        """Every scored candidate that could be in the top ``top_k`` distinct shapes.
+
+        Groups (mix, pod counts, tp, pp) are visited best upper bound first; once a group's
+        bound is below the ``top_k``-th best distinct score found, no later group can enter
+        the result, so the search stops (branch and bound: exact under the model).
+        """
         job = self.job
-        out: list[_Scored] = []
+        groups: list[tuple[float, int, tuple[TypePool, ...], tuple[int, ...], int, int]] = []
         tps = self._tensor_options()
         pps = self._pipeline_options()
         for mix in self._mixes():
@@ -282,8 +299,50 @@ class _Search:
                 if job.model is None and (tp, pp) != (1, 1):
                     continue
                 for counts in self._pod_counts(mix, tp, pp):
-                    out.extend(self._layouts(mix, counts, tp, pp))
+                    bound = self._bound(mix, counts, tp, pp)
+                    groups.append((bound, len(groups), mix, counts, tp, pp))
+        groups.sort(key=lambda g: (-g[0], g[1]))
+        out: list[_Scored] = []
+        best_by_shape: dict[tuple[object, ...], float] = {}
+        threshold = -math.inf
+        for bound, _, mix, counts, tp, pp in groups:
+            if len(best_by_shape) >= top_k and bound < threshold:
+                break
+            for scored in self._layouts(mix, counts, tp, pp):
+                out.append(scored)
+                value = -scored.key[0]
+                shape = _shape(scored.plan)
+                if value > best_by_shape.get(shape, -math.inf):
+                    best_by_shape[shape] = value
+                    if len(best_by_shape) >= top_k:
+                        threshold = heapq.nlargest(top_k, best_by_shape.values())[-1]
         return out
+
+    def _bound(self, mix: tuple[TypePool, ...], counts: tuple[int, ...], tp: int, pp: int) -> float:
+        """An upper bound on the primary score (tokens/s, or tokens per dollar) of any
+        candidate of this group: every GPU at its best GEMM rate, no communication, the
+        smallest pipeline bubble any micro-batch size allows."""
+        job, model = self.job, self.job.model
+        if model is None:
+            return math.inf
+        flops_per_token = token_flops(model).model_per_token(model.layers)
+        width = model.hidden_size / tp
+        shape = width / (width + self.constants.gemm_half_width)
+        rate = 0.0
+        cost = 0.0
+        for pool, count in zip(mix, counts, strict=True):
+            gpus = count * job.devices_per_worker
+            peak = pool.gpu.peak_tflops(job.precision) or 0.0
+            rate += gpus * peak * 1e12 * self.constants.efficiency_of(pool.gpu) * shape
+            cost += gpus * pool.gpu.hourly_usd
+        dp = sum(counts) * job.devices_per_worker // (tp * pp)
+        # Micro-batches per replica: at most GB/dp for one type; a mix may skew shares.
+        most = job.global_batch_size // max(dp, 1) if len(mix) == 1 else job.global_batch_size
+        bubble = (pp - 1) / max(_interleave_options(model, pp))
+        tokens = rate / flops_per_token * most / (most + bubble)
+        if job.objective == "cost":
+            return tokens * 3600.0 / cost if cost > 0 else math.inf
+        return tokens
 
     def _mixes(self) -> Iterator[tuple[TypePool, ...]]:
         pools = self.pools
@@ -415,12 +474,14 @@ class _Search:
             )
             return
         dp_gbs = self._dp_bandwidth(mix, counts, tp, pp)
+        shardings = _sharding_options(job.sharding, dp)
+        too_big: set[tuple[Sharding, int]] = set()
         for mb in MICRO_BATCHES:
             if job.global_batch_size % mb or mb * dp > job.global_batch_size:
                 continue
-            for sharding, interleave in product(job.sharding, _interleave_options(model, pp)):
-                if dp == 1 and sharding != "none":
-                    continue
+            for sharding, interleave in product(shardings, _interleave_options(model, pp)):
+                if (sharding, interleave) in too_big:
+                    continue  # memory grows with the micro-batch: a larger one cannot fit
                 scored = self._fit(
                     model,
                     mix,
@@ -435,6 +496,8 @@ class _Search:
                 )
                 if scored is not None:
                     yield scored
+                elif self._out_of_memory:
+                    too_big.add((sharding, interleave))
 
     def _fit(
         self,
@@ -454,7 +517,8 @@ class _Search:
         """The cheapest recomputation that fits memory for this layout, scored; or None."""
         job = self.job
         dp = sum(replicas)
-        worst = ""
+        worst: tuple[str, Recompute, float, float] | None = None
+        self._out_of_memory = False
         for recompute in recomputes:
             slots = tuple(
                 self._slot(
@@ -468,35 +532,39 @@ class _Search:
             if split is not None and interleave > 1 and any(k % pp for k in split):
                 return None  # the interleaved schedule needs whole rounds of pp micro-batches
             if split is None:
-                over = "+".join(f"{r}x{p.gpu.name}" for p, r in zip(mix, replicas, strict=True))
                 self.rejections.add(
                     "divisibility",
-                    f"globalBatchSize={job.global_batch_size} cannot be split into micro-batches "
-                    f"of {mb} over replicas {over}",
+                    lambda: (
+                        f"globalBatchSize={job.global_batch_size} cannot be split into "
+                        f"micro-batches of {mb} over replicas "
+                        + "+".join(f"{r}x{p.gpu.name}" for p, r in zip(mix, replicas, strict=True))
+                    ),
                 )
                 return None
             peak = 0.0
             fits = True
             for pool, k in zip(mix, split, strict=True):
-                need = memory_gib(
-                    model,
-                    tp=tp,
-                    pp=pp,
-                    micro_batch=mb,
-                    sharding=sharding,
-                    recompute=recompute,
-                    precision=job.precision,
-                    dp=dp,
-                    in_flight=in_flight(pp, k, interleave),
-                )
+                held = in_flight(pp, k, interleave)
+                memory_key = (tp, pp, mb, sharding, recompute, dp, held)
+                need = self._memory_cache.get(memory_key)
+                if need is None:
+                    need = memory_gib(
+                        model,
+                        tp=tp,
+                        pp=pp,
+                        micro_batch=mb,
+                        sharding=sharding,
+                        recompute=recompute,
+                        precision=job.precision,
+                        dp=dp,
+                        in_flight=held,
+                    )
+                    self._memory_cache[memory_key] = need
                 usable = usable_memory_gib(pool.gpu, self.constants)
                 peak = max(peak, need)
                 if need > usable:
                     fits = False
-                    worst = (
-                        f"{pool.gpu.name} tp={tp} pp={pp} mb={mb} sharding={sharding} "
-                        f"recompute={recompute}: needs {need:.1f} GiB > {usable:.1f} GiB usable"
-                    )
+                    worst = (pool.gpu.name, recompute, need, usable)
                     break
             if not fits:
                 continue
@@ -526,7 +594,16 @@ class _Search:
             )
             plan = Plan(shares, dp, tp, pp, mb, sharding, recompute, predicted)
             return self._score(dataclasses.replace(plan, interleave=interleave))
-        self.rejections.add("memory", worst)
+        if worst is not None:
+            name, recompute, need, usable = worst
+            self._out_of_memory = True
+            self.rejections.add(
+                "memory",
+                lambda: (
+                    f"{name} tp={tp} pp={pp} mb={mb} sharding={sharding} recompute={recompute}: "
+                    f"needs {need:.1f} GiB > {usable:.1f} GiB usable"
+                ),
+            )
         return None
 
     def _model_free(
@@ -627,6 +704,17 @@ class _Search:
         return _Scored(key, tiebreak, plan)
 
 
+def _sharding_options(allowed: tuple[Sharding, ...], dp: int) -> tuple[Sharding, ...]:
+    """Sharding modes worth evaluating: none alone when dp = 1; and ``none`` is dominated
+    by ``optimizer`` (same traffic, less memory, a shorter optimizer step) when both are
+    allowed."""
+    if dp == 1:
+        return ("none",) if "none" in allowed else allowed[:1]
+    if "optimizer" in allowed:
+        return tuple(mode for mode in allowed if mode != "none")
+    return allowed
+
+
 def _interleave_options(model: ModelShape, pp: int) -> tuple[int, ...]:
     """Virtual stages per GPU to try: 1, and the most (up to 4) that split a stage evenly."""
     if pp == 1:
@@ -646,44 +734,59 @@ def _split_batch(
     every ``k >= 1``, minimising the time of the slowest replica; None when impossible.
 
     A single type needs ``micro_batches`` divisible by its replicas. For a mix the continuous
-    optimum (all types finish together) is rounded by searching a window around it; the window
-    of the second-to-last type is wide enough to meet every residue of the last type's count.
+    optimum (all types finish together) is rounded: all but the last two types try the two
+    integers around their optimum (and one more each side), and the last two solve
+    ``r_a·k_a + r_b·k_b = rest`` exactly (a linear Diophantine equation) nearest the optimum.
     """
     if len(replicas) == 1:
         k, rest = divmod(micro_batches, replicas[0])
         return (k,) if rest == 0 and k >= 1 else None
     if micro_batches < sum(replicas):
         return None
-    # Solve for the type with the fewest replicas last: its count absorbs the remainder.
-    order = sorted(range(len(replicas)), key=lambda i: (-replicas[i], i))
-    reps = [replicas[i] for i in order]
-    times = [slots[i].per_slot for i in order]
+    times = [slot.per_slot for slot in slots]
     bubble = slots[0].bubble_slots(pp)
     # Everyone finishes at T: k_i = T / t_i - bubble; sum r_i k_i = M.
-    rate = sum(r / t for r, t in zip(reps, times, strict=True))
-    finish = (micro_batches + bubble * sum(reps)) / rate
+    rate = sum(r / t for r, t in zip(replicas, times, strict=True))
+    finish = (micro_batches + bubble * sum(replicas)) / rate
     ideal = [finish / t - bubble for t in times]
-    last = len(reps) - 1
-    windows: list[range] = []
-    for i in range(last):
-        width = max(1, reps[last]) if i == last - 1 else 1
-        centre = math.floor(ideal[i])
-        windows.append(range(max(1, centre - width), centre + width + 2))
+    *head, a, b = range(len(replicas))
+    windows = [
+        range(max(1, math.floor(ideal[i]) - 1), max(1, math.floor(ideal[i]) - 1) + 4) for i in head
+    ]
     best: tuple[float, tuple[int, ...]] | None = None
     for choice in product(*windows):
-        rest = micro_batches - sum(r * k for r, k in zip(reps, choice, strict=False))
-        if rest < reps[last] or rest % reps[last]:
-            continue
-        ks = (*choice, rest // reps[last])
-        slowest = max((k + bubble) * t for k, t in zip(ks, times, strict=True))
-        if best is None or (slowest, ks) < best:
-            best = (slowest, ks)
-    if best is None:
-        return None
-    result = [0] * len(replicas)
-    for position, index in enumerate(order):
-        result[index] = best[1][position]
-    return tuple(result)
+        rest = micro_batches - sum(replicas[i] * k for i, k in zip(head, choice, strict=True))
+        for k_a, k_b in _pair_solutions(rest, replicas[a], replicas[b], ideal[a]):
+            ks = (*choice, k_a, k_b)
+            slowest = max((k + bubble) * t for k, t in zip(ks, times, strict=True))
+            if best is None or (slowest, ks) < best:
+                best = (slowest, ks)
+    return None if best is None else best[1]
+
+
+def _pair_solutions(rest: int, r_a: int, r_b: int, near: float) -> list[tuple[int, int]]:
+    """Positive (k_a, k_b) with ``r_a·k_a + r_b·k_b == rest``, k_a nearest ``near``."""
+    g = math.gcd(r_a, r_b)
+    if rest < r_a + r_b or rest % g:
+        return []
+    step = r_b // g
+    base = (rest // g) * pow(r_a // g, -1, step) % step if step > 1 else 0
+    # k_a = base + t·step; k_b = (rest - r_a·k_a) / r_b must stay >= 1.
+    highest = (rest - r_b) // r_a
+    centre = math.floor((near - base) / step)
+    found = []
+    for t in (centre - 1, centre, centre + 1, centre + 2):
+        k_a = base + t * step
+        if 1 <= k_a <= highest:
+            found.append((k_a, (rest - r_a * k_a) // r_b))
+    if not found and highest >= 1:
+        for k_a in (
+            base + step * ((1 - base + step - 1) // step),
+            base + step * ((highest - base) // step),
+        ):
+            if 1 <= k_a <= highest:
+                found.append((k_a, (rest - r_a * k_a) // r_b))
+    return found
 
 
 def _with_placement(plan: Plan, pools: list[TypePool], job: JobRequirements) -> Plan:

@@ -121,3 +121,15 @@ def test_same_input_same_output_in_any_node_order(
     rng.shuffle(shuffled)
     _, second = plan((shuffled, pods), job)
     assert first == second
+
+
+@PROPERTY_SETTINGS
+@given(fleets(), jobs())
+def test_pruned_search_ranks_like_the_exhaustive_one(
+    fleet: tuple[list[dict[str, Any]], list[dict[str, Any]]], job: JobRequirements
+) -> None:
+    nodes, pods = fleet
+    inventory = parse_inventory(node_list(*nodes), pods)
+    pruned = plan_job(job, inventory, top_k=2).plans
+    exhaustive = plan_job(job, inventory, top_k=10_000).plans[:2]
+    assert pruned == exhaustive
