@@ -279,6 +279,7 @@ class _Search:
         self.evaluated = 0
         self._out_of_memory = False
         self._memory_cache: dict[tuple[object, ...], float] = {}
+        self._split_cache: dict[tuple[object, ...], tuple[int, ...] | None] = {}
         self._slot_cache: dict[tuple[object, ...], MicroBatchTime] = {}
 
     # -- enumeration ---------------------------------------------------------------------
@@ -528,7 +529,12 @@ class _Search:
             )
             if any(math.isinf(s.per_slot) for s in slots):
                 return None
-            split = _split_batch(job.global_batch_size // mb, replicas, slots, pp)
+            split_key = (mb, replicas, pp, tuple(slot.per_slot for slot in slots), interleave)
+            if split_key in self._split_cache:
+                split = self._split_cache[split_key]
+            else:
+                split = _split_batch(job.global_batch_size // mb, replicas, slots, pp)
+                self._split_cache[split_key] = split
             if split is not None and interleave > 1 and any(k % pp for k in split):
                 return None  # the interleaved schedule needs whole rounds of pp micro-batches
             if split is None:
@@ -735,7 +741,7 @@ def _split_batch(
 
     A single type needs ``micro_batches`` divisible by its replicas. For a mix the continuous
     optimum (all types finish together) is rounded: all but the last two types try the two
-    integers around their optimum (and one more each side), and the last two solve
+    integers around their optimum, and the last two solve
     ``r_a·k_a + r_b·k_b = rest`` exactly (a linear Diophantine equation) nearest the optimum.
     """
     if len(replicas) == 1:
@@ -750,9 +756,7 @@ def _split_batch(
     finish = (micro_batches + bubble * sum(replicas)) / rate
     ideal = [finish / t - bubble for t in times]
     *head, a, b = range(len(replicas))
-    windows = [
-        range(max(1, math.floor(ideal[i]) - 1), max(1, math.floor(ideal[i]) - 1) + 4) for i in head
-    ]
+    windows = [range(max(1, math.floor(ideal[i])), max(1, math.floor(ideal[i])) + 2) for i in head]
     best: tuple[float, tuple[int, ...]] | None = None
     for choice in product(*windows):
         rest = micro_batches - sum(replicas[i] * k for i, k in zip(head, choice, strict=True))
