@@ -8,20 +8,12 @@ the operator (`elastra`), so it can test any build of it.
 
     python -m e2e.cluster up [--fleet hetero-small]   # start (or find running), apply a fleet
     python -m e2e.cluster down                        # stop exactly what up started
-    python -m e2e.cluster status | apply-fleet NAME | env
+    python -m e2e.cluster status | apply-fleet NAME | bindir
 """
 
-from .controlplane import (
-    ClusterError,
-    Layout,
-    apply_fleet,
-    default_layout,
-    down,
-    is_up,
-    status,
-    up,
-)
+from .controlplane import apply_fleet, down, is_up, status, toolchain_bindir, up
 from .fleet import Fleet, FleetError, NodeGroup, load_fleet
+from .state import ClusterError, Layout, default_layout
 
 __all__ = [
     "ClusterError",
@@ -35,5 +27,6 @@ __all__ = [
     "is_up",
     "load_fleet",
     "status",
+    "toolchain_bindir",
     "up",
 ]

@@ -13,18 +13,9 @@ import sys
 from pathlib import Path
 
 from .api import WaitTimeoutError
-from .controlplane import (
-    DEFAULT_FLEET,
-    ClusterError,
-    Layout,
-    apply_fleet,
-    default_layout,
-    down,
-    status,
-    toolchain_bindir,
-    up,
-)
+from .controlplane import DEFAULT_FLEET, apply_fleet, down, status, toolchain_bindir, up
 from .fleet import FleetError
+from .state import ClusterError, Layout, default_layout
 
 
 def _parser() -> argparse.ArgumentParser:
