@@ -110,7 +110,7 @@ def node_items(document: Any) -> list[Mapping[str, Any]]:
 
 
 def _is_node(item: Mapping[str, Any]) -> bool:
-    return item.get("kind", "Node") == "Node"
+    return bool(item.get("kind", "Node") == "Node")
 
 
 def parse_inventory(

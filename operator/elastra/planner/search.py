@@ -153,7 +153,7 @@ def evaluate_layout(
     published runs. Infeasible layouts (memory, divisibility, capacity) give a reason.
     """
     rejections = _Rejections()
-    by_name = {pool.gpu.name: pool for pool in _pools(job, inventory, rejections)}
+    by_name: dict[str, TypePool] = {p.gpu.name: p for p in _pools(job, inventory, rejections)}
     missing = [name for name, _ in pods if name not in by_name]
     if missing or job.model is None:
         why = f"no usable {', '.join(missing)} capacity" if missing else "job has no model"
@@ -794,7 +794,7 @@ def _pair_solutions(rest: int, r_a: int, r_b: int, near: float) -> list[tuple[in
 
 
 def _with_placement(plan: Plan, pools: list[TypePool], job: JobRequirements) -> Plan:
-    nodes_by_type = {pool.gpu.name: pool.nodes for pool in pools}
+    nodes_by_type: dict[str, Sequence[NodeCapacity]] = {p.gpu.name: p.nodes for p in pools}
     slots = {name: count for pool in pools for name, count in pool.slots}
     pods, ranks = place(
         plan.types,
