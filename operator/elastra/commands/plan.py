@@ -19,6 +19,7 @@ from elastra.api import load_trainingjob
 from elastra.errors import UserError
 from elastra.planner import Inventory, Plan, PlanResult, parse_inventory, plan_job, result_to_dict
 from elastra.planner.fromspec import check_gpu_types, requirements_from_spec
+from elastra.planner.search import NO_MODEL
 
 EXIT_NO_PLAN = 3
 RUNNER_UPS_SHOWN = 4
@@ -119,16 +120,26 @@ def _describe(plan: Plan) -> list[str]:
     replicas = " + ".join(f"{s.replicas}x{s.gpu_type}" for s in plan.types)
     shares = ", ".join(f"{s.batch_share} per {s.gpu_type} replica" for s in plan.types)
     breakdown = " | ".join(f"{name} {seconds:.3g}s" for name, seconds in p.breakdown)
+    if p.bottleneck == NO_MODEL:
+        predicted = (
+            f"  predicted   no model section: data parallel with shares by relative speed; "
+            f"{p.tokens_per_s:.3g} samples per second of the fastest type"
+        )
+    else:
+        predicted = (
+            f"  predicted   step {p.step_time_s:.3g} s, {_si(p.tokens_per_s)} tokens/s, "
+            f"{p.tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {p.mfu:.1%}, peak "
+            f"{p.peak_memory_gib:.1f} GiB/GPU, bottleneck {p.bottleneck}"
+        )
     lines = [
         f"  GPUs        {plan.gpus} ({_types(plan)}), {plan.hourly_usd:.2f} $/h",
         f"  layout      dp={plan.dp} ({replicas})  tp={plan.tp}  pp={plan.pp}  "
         f"micro-batch={plan.micro_batch}  sharding={plan.sharding}  recompute={plan.recompute}",
         f"  batch       {shares}",
-        f"  predicted   step {p.step_time_s:.3g} s, {_si(p.tokens_per_s)} tokens/s, "
-        f"{p.tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {p.mfu:.1%}, peak {p.peak_memory_gib:.1f} "
-        f"GiB/GPU, bottleneck {p.bottleneck}",
-        f"  step time   {breakdown}",
+        predicted,
     ]
+    if p.bottleneck != NO_MODEL:
+        lines.append(f"  step time   {breakdown} (memory = recomputation)")
     pods = [f"{pod.index}->{pod.node}" for pod in plan.pods[:PODS_SHOWN]]
     more = len(plan.pods) - PODS_SHOWN
     lines.append(f"  pods        {' '.join(pods)}" + (f" (+{more} more)" if more > 0 else ""))

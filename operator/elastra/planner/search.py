@@ -54,6 +54,8 @@ from elastra.planner.placement import place
 from elastra.planner.plan import Plan, PlanResult, Rejection, TypeShare
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
+NO_MODEL = "no-model"
+"""The bottleneck of a job without a model: its figures are relative speeds only."""
 MAX_MIX_TYPES = 6
 """Mixes are built from the fastest six allowed types at most (63 subsets)."""
 POD_COUNTS_KEPT = 3
@@ -617,11 +619,15 @@ class _Search:
     ) -> _Scored | None:
         """Pure data parallel without a model: shares follow each type's relative speed.
 
-        Times are relative: one sample takes one second on a GPU of relative speed 1 (peak x
-        efficiency in TFLOP/s / 100); throughput is in samples per second.
+        Times are relative: one sample takes one "second" on the fastest allowed type and
+        proportionally longer on slower ones (by peak x efficiency); throughput is in samples
+        per such second. Without a model there is nothing more to know.
         """
         job = self.job
-        slots = tuple(MicroBatchTime(100.0 / max(pool.speed, 1e-9), 0.0, 0.0, 0.0) for pool in mix)
+        fastest = max(pool.speed for pool in self.pools)
+        slots = tuple(
+            MicroBatchTime(fastest / max(pool.speed, 1e-12), 0.0, 0.0, 0.0) for pool in mix
+        )
         dp = sum(replicas)
         split = _split_batch(job.global_batch_size, replicas, slots, 1)
         if split is None:
@@ -637,7 +643,7 @@ class _Search:
             tflops_per_gpu=0.0,
             mfu=0.0,
             peak_memory_gib=0.0,
-            bottleneck="compute",
+            bottleneck=NO_MODEL,
             breakdown=(("compute", step),),
         )
         shares = tuple(
