@@ -70,6 +70,14 @@ def toolchain_bindir(*, build: bool = True) -> Path:
 # --- public operations -----------------------------------------------------------------------
 
 
+def orphaned(layout: Layout) -> bool:
+    """True when the recorded owner was a test run whose process is gone."""
+    state = State.load(layout)
+    if state is None or not state.owner.startswith("pid:"):
+        return False
+    return not Path(f"/proc/{state.owner.removeprefix('pid:')}").exists()
+
+
 def is_up(layout: Layout) -> bool:
     state = State.load(layout)
     if state is None or not state.daemons:
@@ -100,14 +108,18 @@ def _step(what: str) -> Iterator[None]:
     say(f"{what}: ok ({time.monotonic() - started:.1f}s)")
 
 
-def up(layout: Layout | None = None, *, fleet: str | None = DEFAULT_FLEET) -> bool:
-    """Start the cluster (or find it running). Returns True when this call started it."""
+def up(layout: Layout | None = None, *, fleet: str | None = DEFAULT_FLEET, owner: str = "") -> bool:
+    """Start the cluster (or find it running). Returns True when this call started it.
+
+    owner is recorded in state.json (a test run passes "pid:<its pid>" so that a later run can
+    tell a cluster left behind by a killed run from one a person started).
+    """
     layout = layout or default_layout()
     with _locked(layout):
-        return _up(layout, fleet)
+        return _up(layout, fleet, owner)
 
 
-def _up(layout: Layout, fleet: str | None) -> bool:
+def _up(layout: Layout, fleet: str | None, owner: str) -> bool:
     if is_up(layout):
         state = State.load(layout)
         assert state is not None
@@ -131,6 +143,7 @@ def _up(layout: Layout, fleet: str | None) -> bool:
         daemons=[],
         data_dir=str(data_dir),
         bindir=str(bindir),
+        owner=owner,
     )
     state.save(layout)
     try:

@@ -86,6 +86,9 @@ class State:
     data_dir: str
     bindir: str
     fleet: str | None = None
+    # Who started the cluster: "pid:<n>" of a test run that will stop it again, or "" for a
+    # person (make cluster-up). A test run that died leaves an owner whose pid is gone.
+    owner: str = ""
 
     @property
     def server(self) -> str:
@@ -98,6 +101,7 @@ class State:
             "data_dir": self.data_dir,
             "bindir": self.bindir,
             "fleet": self.fleet,
+            "owner": self.owner,
         }
         tmp = layout.state.with_suffix(".tmp")
         tmp.write_text(json.dumps(body, indent=2) + "\n")
@@ -115,6 +119,7 @@ class State:
             data_dir=str(raw["data_dir"]),
             bindir=str(raw["bindir"]),
             fleet=raw.get("fleet"),
+            owner=str(raw.get("owner") or ""),
         )
 
 

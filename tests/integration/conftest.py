@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from e2e.cluster import default_layout, down, up
 from e2e.cluster.api import wait_for
-from e2e.cluster.controlplane import toolchain_bindir
+from e2e.cluster.controlplane import orphaned, toolchain_bindir
 
 FLEET = "hetero-small"
 FAKE_NODE_TOLERATION = {
@@ -87,7 +87,10 @@ def cluster() -> Iterator[Cluster]:
         yield Cluster(kubeconfig=Path(external), bindir=toolchain_bindir(build=True))
         return
     layout = default_layout()
-    started = up(layout, fleet=FLEET)
+    # A cluster left behind by a killed test run is adopted (and stopped at the end); one that
+    # a person started with `make cluster-up`, or another live run, is only borrowed.
+    adopted = orphaned(layout)
+    started = up(layout, fleet=FLEET, owner=f"pid:{os.getpid()}") or adopted
     try:
         yield Cluster(kubeconfig=layout.kubeconfig, bindir=toolchain_bindir(build=False))
     finally:
