@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from . import exitcodes
 from .assignment import Assignment, AssignmentError, read_assignment_file
 from .control import CONTROL_DIR_ENV, ControlDir
 from .lifeline import PARENT_PID_ENV
+from .standby import warm_command
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ class AgentConfig:
     stop_timeout_s: float = 120.0
     grace_s: float = 25.0
     state_file: Path | None = None
+    warm_start: bool = True
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
@@ -69,6 +72,8 @@ class Agent:
         self._finished_version: int | None = None
         self._said_waiting = False
         self.state: dict[str, Any] = {"phase": "waiting", "trainerStarts": 0}
+        self._warm_argv = warm_command(config.command) if config.warm_start else None
+        self._standbys: list[subprocess.Popen[bytes]] = []
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -102,6 +107,51 @@ class Agent:
             return exitcodes.CONFIG
         finally:
             signal.signal(signal.SIGTERM, previous)
+            self._drop_standbys()
+
+    # ---- standby trainers (see standby.py) ------------------------------------------------
+
+    def _prepare_standbys(self, count: int) -> None:
+        """Start ``count`` pre-importing trainer processes for the next world, if warm."""
+        self._standbys = [p for p in self._standbys if p.poll() is None]
+        if self._warm_argv is None or self._standbys:
+            return
+        env = dict(self.config.env)
+        env[PARENT_PID_ENV] = str(os.getpid())
+        self._standbys = [
+            subprocess.Popen(
+                [sys.executable, "-m", "elastra_worker.standby"],
+                stdin=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
+            for _ in range(count)
+        ]
+
+    def _drop_standbys(self) -> None:
+        for p in self._standbys:
+            if p.stdin is not None:
+                p.stdin.close()  # EOF: the standby exits by itself
+        _kill_all(self._standbys)
+        self._standbys = []
+
+    def _start_trainer(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        while self._standbys and self._warm_argv is not None:
+            standby = self._standbys.pop(0)
+            if standby.poll() is not None or standby.stdin is None:
+                continue
+            order = json.dumps({"env": env, "argv": self._warm_argv}) + "\n"
+            try:
+                standby.stdin.write(order.encode())
+                standby.stdin.close()
+            except BrokenPipeError:
+                continue
+            return standby
+        return subprocess.Popen(
+            list(self.config.command),
+            env=env,
+            start_new_session=True,  # its own process group: killed as a whole
+        )
 
     def _loop(self) -> int:
         while True:
@@ -121,6 +171,8 @@ class Agent:
             if not runnable:
                 if self.config.static_assignment is not None:
                     return exitcodes.OK  # a static world that has stopped: nothing to wait for
+                if a is not None:
+                    self._prepare_standbys(max(a.local_world_size, 1))
                 if not self._said_waiting:
                     log.info("waiting for a world assignment in %s", self.config.assignment_file)
                     self._said_waiting = True
@@ -173,14 +225,7 @@ class Agent:
             a.rank + a.local_world_size - 1,
             a.world_size,
         )
-        procs = [
-            subprocess.Popen(
-                list(self.config.command),
-                env=self._trainer_env(a, lr),
-                start_new_session=True,  # its own process group: killed as a whole
-            )
-            for lr in range(a.local_world_size)
-        ]
+        procs = [self._start_trainer(self._trainer_env(a, lr)) for lr in range(a.local_world_size)]
         self._set_state(
             phase="running",
             worldVersion=a.world_version,
@@ -194,6 +239,8 @@ class Agent:
         stop_sent = False
         terminated = False
         while True:
+            if not self._standbys and self.control.progress(0) is not None:
+                self._prepare_standbys(len(procs))  # trainers are past start-up: prepare the next
             codes = [p.poll() for p in procs]
             if any(c not in (None, 0) for c in codes):
                 bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]

@@ -46,6 +46,7 @@ def _run(args: argparse.Namespace, command: list[str]) -> int:
             stop_timeout_s=args.stop_timeout,
             grace_s=args.grace,
             state_file=Path(args.state_file) if args.state_file else None,
+            warm_start=os.environ.get("ELASTRA_WARM_START", "1") != "0",
         )
     )
     port = int(os.environ.get(METRICS_PORT_ENV) or DEFAULT_METRICS_PORT)
