@@ -21,6 +21,7 @@ import pytest
 from elastra_worker import exitcodes
 from elastra_worker.launcher import free_port
 from elastra_worker.layout import CheckpointRoot
+from elastra_worker.standby import warm_command
 
 from .conftest import EXAMPLE, quiet_env, wait_for
 
@@ -166,3 +167,15 @@ def test_resize_through_assignment_files_then_sigterm(tmp_path: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_only_own_interpreter_scripts_start_warm(tmp_path: Path) -> None:
+    exe = sys.executable
+    assert warm_command([exe, "train.py", "--steps", "3"]) == ["train.py", "--steps", "3"]
+    assert warm_command([exe, "-m", "pkg.train", "-x"]) == ["-m", "pkg.train", "-x"]
+    assert warm_command([exe, "-u", "train.py"]) is None  # interpreter options: start cold
+    assert warm_command(["bash", "train.sh"]) is None
+    other = tmp_path / "bin" / "python"
+    other.parent.mkdir()
+    other.symlink_to(exe)  # another virtual environment's python: start cold
+    assert warm_command([str(other), "train.py"]) is None

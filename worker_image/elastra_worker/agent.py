@@ -225,7 +225,10 @@ class Agent:
             a.rank + a.local_world_size - 1,
             a.world_size,
         )
+        warm = bool(self._standbys)
         procs = [self._start_trainer(self._trainer_env(a, lr)) for lr in range(a.local_world_size)]
+        if warm:  # the trainers skip the imports: prepare the next world's right away
+            self._prepare_standbys(len(procs))
         self._set_state(
             phase="running",
             worldVersion=a.world_version,
@@ -261,7 +264,10 @@ class Agent:
                     log.info("asking trainers to stop at the next step boundary (%s)", why)
                     self.control.request_stop(why)
                     stop_sent = True
-                    deadline = self.clock() + self.config.stop_timeout_s
+                    # Before their first step the trainers have nothing to save (they may be
+                    # stuck in a rendezvous with a pod that is gone): end them at once.
+                    started = self.control.progress(0) is not None
+                    deadline = self.clock() + (self.config.stop_timeout_s if started else 0.0)
             if deadline is not None and self.clock() > deadline:
                 log.warning("trainers did not stop in time: killing them")
                 _kill_all(procs)

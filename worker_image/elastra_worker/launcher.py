@@ -3,8 +3,9 @@
 ``elastra-worker local --schedule 4:0,2:20,3:40 --steps 60 ...`` starts one agent process per
 "pod" (``elastra-worker run``, the container entry point) and drives them only through their
 assignment files, exactly as the operator drives pods through the annotation: each resize is a
-new world version with a fresh master port, pods that leave get ``stop: true``, pods that join
-are started. A world is told to stop at the next resize step (``stopAtStep``), so a schedule
+new world version with a fresh master port, pods that leave get ``worldSize: 0`` and wait
+(their agents keep a warm standby trainer), pods that join are started, and at the end every pod
+gets ``stop: true``. A world is told to stop at the next resize step (``stopAtStep``), so a schedule
 lands on exact steps and the step log reads the same on every run.
 
 ``--fail RANK@STEP`` kills one trainer with SIGKILL in the middle of that step (``--fail-in-save``
@@ -176,8 +177,8 @@ class LocalLauncher:
         shares = even_shares(j.global_batch_size, seg.size, j.micro_batch_size)
         for index, pod in sorted(self.pods.items()):
             base = {"apiVersion": API_VERSION, "kind": KIND, "job": j.job}
-            if index >= seg.size:
-                self._write(pod, {**base, "worldVersion": self.version, "stop": True})
+            if index >= seg.size:  # not in this world: the pod waits (its agent stays warm)
+                self._write(pod, {**base, "worldVersion": self.version, "worldSize": 0})
                 continue
             self._write(
                 pod,
