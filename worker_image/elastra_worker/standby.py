@@ -25,6 +25,7 @@ from .lifeline import arm_from_env
 
 PRELOAD = (
     "torch",
+    "torch._dynamo",  # DDP's constructor imports it lazily: about 2 s of a resize
     "torch.distributed.checkpoint.state_dict",
     "torch.nn.parallel",
     "elastra_worker.api",
