@@ -6,8 +6,6 @@ import argparse
 from datetime import timedelta
 from typing import Any
 
-from elastra.controller.operator import RunOptions
-from elastra.controller.operator import run as run_operator
 from elastra.controller.settings import OperatorSettings, Toleration
 from elastra.elastic.resize import ResizePolicy
 from elastra.errors import UserError
@@ -116,6 +114,10 @@ def parse_toleration(text: str) -> Toleration:
 
 def run(args: argparse.Namespace) -> int:
     """Start the operator; returns when interrupted."""
+    # Kopf is imported only here: every other command starts without paying for it.
+    from elastra.controller.operator import RunOptions  # noqa: PLC0415
+    from elastra.controller.operator import run as run_operator  # noqa: PLC0415
+
     settings = OperatorSettings(
         namespace=args.namespace,
         tolerations=tuple(parse_toleration(t) for t in args.toleration),

@@ -26,6 +26,7 @@ from elastra.api import (
     TrainingJobStatus,
     WorldStatus,
 )
+from elastra.controller import sharing
 from elastra.controller.conditions import Verdict, is_true, merge_conditions, phase_of
 from elastra.controller.manifests import (
     ANNOTATION_ASSIGNMENT,
@@ -65,6 +66,8 @@ class Observation:
     pods: Sequence[JsonDict]
     nodes: Sequence[JsonDict]
     cluster_pods: Sequence[JsonDict]
+    jobs: Sequence[JsonDict] = ()
+    """Every TrainingJob (raw), for sharing scarce GPUs with starved jobs."""
 
 
 @dataclass(frozen=True)
@@ -119,8 +122,17 @@ def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> Pa
         )
 
     own = cluster_inventory(obs.nodes, obs.cluster_pods, own_job=job.metadata.name)
-    desired = job.spec.replicas
-    placement, backoff_left = _placement(job, own, facts, desired, now)
+    placement, backoff_left = _placement(job, own, facts, job.spec.replicas, now)
+    impossible = _impossible(job, obs.nodes) if placement.reason and not facts else None
+    planned = job.spec.replicas if not placement.target else placement.target
+    desired = sharing.desired(
+        job,
+        facts,
+        obs.jobs,
+        obs.cluster_pods,
+        wanted=min(job.spec.replicas, max(planned, len(status.world.ranks))),
+        free=len(placement.pods),
+    )
     decision = decide(
         ResizeInput(
             desired=desired,
@@ -140,6 +152,7 @@ def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> Pa
     return _act(
         job,
         facts=facts,
+        impossible=impossible,
         inventory=own,
         decision=decision,
         placement=placement,
@@ -149,10 +162,32 @@ def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> Pa
     )
 
 
+def _impossible(job: TrainingJob, nodes: Sequence[JsonDict]) -> str | None:
+    """Why waiting cannot help (no node of an allowed GPU type at all), or ``None``.
+
+    A job whose types exist but whose GPUs are all taken, or that asks for more GPUs than
+    exist, is admitted and waits Degraded: capacity may come (nodes added, jobs finishing,
+    other elastic jobs giving back). One asking for a type the cluster has no node of is not
+    admitted until such a node appears.
+    """
+    inventory = cluster_inventory(nodes, [])
+    wanted = job.spec.worker.gpu_types
+    if not wanted or job.spec.worker.gpus == 0:
+        return None
+    if any(sharing.compatible(w, str(t.name)) for w in wanted for t in inventory.types()):
+        return None
+    types = ", ".join(sorted(str(t.name) for t in inventory.types())) or "no schedulable nodes"
+    return (
+        f"no schedulable node has a GPU type in worker.gpuTypes ({', '.join(wanted)}); "
+        f"the cluster has {types}"
+    )
+
+
 def _act(
     job: TrainingJob,
     *,
     facts: Mapping[str, PodFacts],
+    impossible: str | None,
     inventory: Inventory,
     decision: ResizeDecision,
     placement: Placement,
@@ -224,6 +259,7 @@ def _act(
         decision=decision,
         members=members,
         facts=facts,
+        impossible=impossible,
         placement=placement,
         plan_problem=plan_problem,
         world_size=len(world.ranks),
@@ -457,6 +493,7 @@ def _verdicts(
     decision: ResizeDecision,
     members: list[PodFacts],
     facts: Mapping[str, PodFacts],
+    impossible: str | None,
     placement: Placement,
     plan_problem: str | None,
     world_size: int,
@@ -464,24 +501,25 @@ def _verdicts(
     live = [f for f in facts.values() if f.view.retiring_since is None and not f.view.broken]
     unbound = [f for f in live if not f.bound]
     running = bool(members) and all(f.view.state is WorkerState.READY for f in members)
-    unplaceable = placement.reason is not None and not facts
+    unplaceable = impossible is not None
     placed_reason, placed_message = "Placed", f"{len(live) - len(unbound)} of {len(live)} bound"
     if unplaceable:
-        placed_reason, placed_message = "Unplaceable", str(placement.reason)
+        placed_reason, placed_message = "Unplaceable", str(impossible)
+    elif not live and placement.reason:
+        placed_reason, placed_message = "InsufficientCapacity", placement.reason
     elif unbound:
         placed_reason = "Unschedulable" if any(f.view.unschedulable for f in unbound) else "Binding"
-    degraded = not unplaceable and (
-        decision.degraded or plan_problem is not None or world_size < job.spec.replicas
-    )
+    short = world_size < job.spec.replicas and (placement.limited or placement.target is None)
+    degraded = not unplaceable and (decision.degraded or plan_problem is not None or short)
     degraded_message = plan_problem or decision.message
-    if not decision.degraded and plan_problem is None and world_size < job.spec.replicas:
+    if not decision.degraded and plan_problem is None and short:
         degraded_message = f"world has {world_size} of {job.spec.replicas} desired workers"
     return [
         Verdict(
             ConditionType.ADMITTED,
             not unplaceable,
             "Unplaceable" if unplaceable else "Planned",
-            str(placement.reason) if unplaceable else "the planner found a plan",
+            str(impossible) if unplaceable else "the planner found a plan",
         ),
         Verdict(ConditionType.PLACED, bool(live) and not unbound, placed_reason, placed_message),
         Verdict(

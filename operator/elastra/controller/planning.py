@@ -46,6 +46,10 @@ class Placement:
 
     pods: tuple[NewPod, ...]
     reason: str | None = None
+    target: int | None = None
+    """Pods the best plan uses (``None``: not planned this pass)."""
+    limited: bool = False
+    """The best plan is smaller than asked because capacity is short, not by preference."""
 
 
 @dataclass(frozen=True)
@@ -124,19 +128,28 @@ def place_new_pods(
     count: int,
     desired: int,
 ) -> Placement:
-    """Nodes for ``count`` new pods, given the pods ``keep`` already holds.
+    """Nodes for up to ``count`` new pods, given the pods ``keep`` already holds.
 
     ``inventory`` must count ``keep``'s GPUs as free (see ``cluster_inventory(own_job=...)``):
-    the plan is for the whole job and existing pods are matched to it by node.
+    the plan is for the whole job and existing pods are matched to it by node. The planner
+    chooses how many pods (between minReplicas and ``desired``) the job is fastest on, so a
+    plan may use fewer pods than ``replicas`` asks for: ``target`` says how many.
     """
     if count <= 0:
         return Placement(pods=())
-    result = plan_job(
-        requirements(job, replicas=desired, minimum=len(keep) + 1), inventory, top_k=1
-    )
+    minimum = min(job.spec.min_replicas, desired)
+    result = plan_job(requirements(job, replicas=desired, minimum=minimum), inventory, top_k=1)
     if not result.feasible:
-        return Placement(pods=(), reason=_explain(job, inventory, result.reason))
+        return Placement(
+            pods=(), reason=_explain(job, inventory, result.reason), target=0, limited=True
+        )
     plan = result.plans[0]
+    target = len(plan.pods)
+    limited = False
+    if target < desired:
+        # Fewer pods than asked: is that the model's preference or all that fits?
+        forced = plan_job(requirements(job, replicas=desired, minimum=desired), inventory, top_k=1)
+        limited = not forced.feasible
     held = Counter(str(p.view.node) for p in keep)
     free: list[NewPod] = []
     for pod in plan.pods:
@@ -144,7 +157,7 @@ def place_new_pods(
             held[str(pod.node)] -= 1
         else:
             free.append(NewPod(node=str(pod.node), gpu_type=str(pod.gpu_type)))
-    return Placement(pods=tuple(free[:count]))
+    return Placement(pods=tuple(free[:count]), target=target, limited=limited)
 
 
 def _explain(job: TrainingJob, inventory: Inventory, reason: str | None) -> str:

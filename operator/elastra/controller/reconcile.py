@@ -39,26 +39,37 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """What every job's pass shares: all nodes, all pods, all TrainingJobs."""
+
+    nodes: list[JsonDict]
+    pods: list[JsonDict]
+    jobs: list[JsonDict]
+
+
 @dataclass
 class ClusterSnapshot:
-    """Nodes and all pods, listed at most once per ``ttl`` and shared by every job's pass."""
+    """Nodes, pods and TrainingJobs, listed at most once per ``ttl`` and shared by every pass."""
 
     kube: Kube
     ttl_s: float = 1.0
     _taken: float = -1e9
-    _nodes: list[JsonDict] = field(default_factory=list)
-    _pods: list[JsonDict] = field(default_factory=list)
+    _cluster: Cluster = field(default_factory=lambda: Cluster([], [], []))
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    async def read(self) -> tuple[list[JsonDict], list[JsonDict]]:
-        """(nodes, pods), fresh within ``ttl_s``."""
+    async def read(self) -> Cluster:
+        """The cluster, fresh within ``ttl_s``."""
         async with self._lock:
             if time.monotonic() - self._taken > self.ttl_s:
-                self._nodes, self._pods = await asyncio.gather(
-                    resources.list_nodes(self.kube), resources.list_pods(self.kube)
+                nodes, pods, jobs = await asyncio.gather(
+                    resources.list_nodes(self.kube),
+                    resources.list_pods(self.kube),
+                    resources.list_jobs(self.kube),
                 )
+                self._cluster = Cluster(nodes=nodes, pods=pods, jobs=jobs)
                 self._taken = time.monotonic()
-            return self._nodes, self._pods
+            return self._cluster
 
     def invalidate(self) -> None:
         """Forget the snapshot: this operator just changed pods."""
@@ -86,8 +97,9 @@ async def reconcile(
             await _reject(kube, raw, str(err))
             return None
         pods = await resources.list_pods(kube, namespace, selector=selector(name))
-        nodes, cluster_pods = await snapshot.read()
-        plan = plan_pass(Observation(job, pods, nodes, cluster_pods), settings, clock())
+        cluster = await snapshot.read()
+        observed = Observation(job, pods, cluster.nodes, cluster.pods, jobs=cluster.jobs)
+        plan = plan_pass(observed, settings, clock())
         await _apply(kube, snapshot, raw, plan, service=headless_service(job), settings=settings)
         log.debug(
             "job %s/%s: pass done, writes=%d",

@@ -219,7 +219,7 @@ def _steady_or_resize(
                 delete=delete | frozenset(w.pod for w in standby),
                 recheck=recheck,
             )
-        else:
+        elif len(in_world) + len(standby) >= inp.minimum:
             grown = tuple(w.pod for w in in_world + standby)
             return ResizeDecision(
                 world=grown,

@@ -133,7 +133,8 @@ class Jobs:
         return list(listed["items"])
 
     def wait(self, what: str, probe: Any, *, timeout: float = 90) -> Any:
-        return wait_for(what, probe, timeout=timeout, interval=0.5)
+        """Poll until ``probe()`` is truthy (an empty list counts as not yet)."""
+        return wait_for(what, lambda: probe() or None, timeout=timeout, interval=0.5)
 
     def wait_phase(self, name: str, phase: str, *, timeout: float = 90) -> dict[str, Any]:
         return self.wait(  # type: ignore[no-any-return]
@@ -155,35 +156,60 @@ def jobs(cluster: Cluster, namespace: str) -> Jobs:
     return Jobs(cluster, namespace)
 
 
+@dataclass
+class NodePool:
+    """Fake nodes only this test uses, removed at the end; H200 by default (not in the fleet)."""
+
+    cluster: Cluster
+    namespace: str
+    names: list[str] = field(default_factory=list)
+
+    def add(self, count: int, *, product: str = "NVIDIA-H200", gpus: int = 8) -> list[str]:
+        """Create ``count`` more Ready fake nodes; returns their names."""
+        tag = f"{self.namespace}-{len(self.names)}"
+        fleet = parse_fleet(
+            {
+                "kind": "Fleet",
+                "name": self.namespace,
+                "groups": [
+                    {
+                        "prefix": tag,
+                        "count": count,
+                        "gpu": {"product": product, "count": gpus},
+                        "cpu": "96",
+                        "memory": "1Ti",
+                    }
+                ],
+            }
+        )
+        manifests = fleet.node_manifests()
+        for node in manifests:
+            self.cluster.apply(node)
+        names = [n["metadata"]["name"] for n in manifests]
+        wait_for(
+            f"{count} new nodes Ready",
+            lambda: all(_ready(self.cluster.get("node", name)) for name in names),
+            timeout=60,
+        )
+        self.names += names
+        return names
+
+    def remove(self, *names: str) -> None:
+        self.cluster.kubectl("delete", "node", *names, "--ignore-not-found", "--wait=false")
+
+
 @pytest.fixture
-def private_nodes(cluster: Cluster, namespace: str) -> Iterator[list[str]]:
+def pool(cluster: Cluster, namespace: str) -> Iterator[NodePool]:
+    nodes = NodePool(cluster, namespace)
+    yield nodes
+    if nodes.names:
+        nodes.remove(*nodes.names)
+
+
+@pytest.fixture
+def private_nodes(pool: NodePool) -> list[str]:
     """Three fake H200 nodes only this test uses (the shared fleet has no H200)."""
-    fleet = parse_fleet(
-        {
-            "kind": "Fleet",
-            "name": namespace,
-            "groups": [
-                {
-                    "prefix": f"{namespace}-h200",
-                    "count": 3,
-                    "gpu": {"product": "NVIDIA-H200", "count": 8},
-                    "cpu": "96",
-                    "memory": "1Ti",
-                }
-            ],
-        }
-    )
-    manifests = fleet.node_manifests()
-    for node in manifests:
-        cluster.apply(node)
-    names = [n["metadata"]["name"] for n in manifests]
-    wait_for(
-        "private nodes Ready",
-        lambda: all(_ready(cluster.get("node", name)) for name in names),
-        timeout=60,
-    )
-    yield names
-    cluster.kubectl("delete", "node", *names, "--ignore-not-found", "--wait=false", check=False)
+    return pool.add(3)
 
 
 def _ready(node: dict[str, Any]) -> bool:
@@ -192,7 +218,11 @@ def _ready(node: dict[str, Any]) -> bool:
 
 
 def gpu_job(name: str, *, replicas: int, gpus: int = 8, **spec: Any) -> dict[str, Any]:
-    """A small GPU job without a model section (pure data parallel)."""
+    """A small GPU job without a model section (pure data parallel).
+
+    The global batch, 13440 = 2^6 * 3 * 5 * 7, divides evenly over every world size the
+    scenarios form, so the planner never has to leave capacity unused for divisibility.
+    """
     body: dict[str, Any] = {
         "apiVersion": "elastra.dev/v1alpha1",
         "kind": "TrainingJob",
@@ -201,7 +231,7 @@ def gpu_job(name: str, *, replicas: int, gpus: int = 8, **spec: Any) -> dict[str
             "replicas": replicas,
             "minReplicas": 1,
             "worker": {"gpus": gpus, "gpuTypes": ["H100"], "image": "elastra-worker:dev"},
-            "training": {"globalBatchSize": 96},
+            "training": {"globalBatchSize": 13440},
             "failurePolicy": {"maxRestarts": 5, "backoffSeconds": 0},
         },
     }

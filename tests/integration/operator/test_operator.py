@@ -30,11 +30,13 @@ def world(status: dict[str, Any]) -> dict[str, Any]:
     return dict(status.get("world") or {})
 
 
-def fail_pod(cluster: Cluster, namespace: str, pod: str, code: int) -> None:
+def fail_pod(cluster: Cluster, namespace: str, *pods: str, code: int) -> None:
+    """Make kwok end these pods Failed with ``code`` (one label call: they fail together)."""
     cluster.kubectl(
-        "annotate", "pod", pod, "-n", namespace, f"sim.elastra.dev/exit-code={code}", "--overwrite"
-    )
-    cluster.kubectl("label", "pod", pod, "-n", namespace, "sim.elastra.dev/fail=true")
+        "annotate", "pod", *pods, "-n", namespace, f"sim.elastra.dev/exit-code={code}",
+        "--overwrite",
+    )  # fmt: skip
+    cluster.kubectl("label", "pod", *pods, "-n", namespace, "sim.elastra.dev/fail=true")
 
 
 def test_places_the_7b_example_as_the_planner_predicts(
@@ -100,7 +102,7 @@ def test_retryable_failure_is_replaced_and_counted(
 ) -> None:
     jobs.apply(h200_job("retry", replicas=2))
     status = jobs.wait_phase("retry", "Running")
-    fail_pod(cluster, jobs.namespace, status["world"]["ranks"][0], 75)
+    fail_pod(cluster, jobs.namespace, status["world"]["ranks"][0], code=75)
     recovered = jobs.wait(
         "restart counted and world back at 2",
         lambda: (
@@ -120,7 +122,7 @@ def test_permanent_failure_fails_the_job(
 ) -> None:
     jobs.apply(h200_job("doomed", replicas=2))
     status = jobs.wait_phase("doomed", "Running")
-    fail_pod(cluster, jobs.namespace, status["world"]["ranks"][1], 2)
+    fail_pod(cluster, jobs.namespace, status["world"]["ranks"][1], code=2)
     failed = jobs.wait_phase("doomed", "Failed")
     condition = next(c for c in failed["conditions"] if c["type"] == "Failed")
     assert condition["reason"] == "PermanentFailure" and "code 2" in condition["message"]

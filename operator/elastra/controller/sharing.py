@@ -1,0 +1,110 @@
+"""Claims of every TrainingJob, read from raw objects, for ``elastra.elastic.share``.
+
+Listing all jobs and parsing each fully on every pass would cost O(jobs^2) pydantic parses;
+the sharing rule needs five facts per job, read here straight from the dicts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from elastra.api import TrainingJob
+from elastra.controller.manifests import LABEL_JOB
+from elastra.controller.observe import PodFacts
+from elastra.elastic.share import Claim, shared_desired
+from elastra.elastic.workers import WorkerState
+from elastra.planner.catalog import lookup, matches
+
+JsonDict = Mapping[str, Any]
+_LIVE = (WorkerState.READY, WorkerState.PENDING, WorkerState.GATED)
+
+
+def compatible(pattern: str, type_name: str) -> bool:
+    """Does a ``worker.gpuTypes`` entry (or a type name) select this catalog type?"""
+    if pattern == type_name:
+        return True
+    gpu = lookup(type_name)
+    return gpu is not None and matches(pattern, gpu)
+
+
+def desired(
+    job: TrainingJob,
+    facts: Mapping[str, PodFacts],
+    jobs: Sequence[JsonDict],
+    cluster_pods: Sequence[JsonDict],
+    *,
+    wanted: int,
+    free: int,
+) -> int:
+    """``wanted`` (the planned size), lowered while a starved job needs GPUs this job holds."""
+    held = sum(1 for f in facts.values() if f.view.state in _LIVE)
+    placed = {p.gpu_type for p in job.status.placement if p.gpu_type}
+    me = Claim(
+        key=f"{job.metadata.namespace}/{job.metadata.name}",
+        created=str(
+            job.metadata.model_extra.get("creationTimestamp", "")
+            if job.metadata.model_extra
+            else ""
+        ),
+        minimum=job.spec.min_replicas,
+        held=held,
+        starved=_starved(job.status.model_dump(by_alias=True), job.spec.suspend),
+        gpu_types=frozenset(placed or job.spec.worker.gpu_types),
+    )
+    counts = _live_pods(cluster_pods)
+    others = [
+        claim for raw in jobs if (claim := _claim(raw, counts)) is not None and claim.key != me.key
+    ]
+    return shared_desired(me, others, desired=job.spec.replicas, free=free, compatible=compatible)
+
+
+def _claim(raw: JsonDict, counts: Mapping[str, int]) -> Claim | None:
+    meta = raw.get("metadata") or {}
+    spec = raw.get("spec") or {}
+    status = raw.get("status") or {}
+    key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    try:
+        minimum = int(spec.get("minReplicas", 1))
+    except (TypeError, ValueError):
+        return None
+    starved = _starved(status, bool(spec.get("suspend")))
+    placed = {str(p.get("gpuType")) for p in status.get("placement") or [] if p.get("gpuType")}
+    patterns = {str(t) for t in (spec.get("worker") or {}).get("gpuTypes") or []}
+    return Claim(
+        key=key,
+        created=str(meta.get("creationTimestamp", "")),
+        minimum=minimum,
+        held=counts.get(key, 0),
+        starved=starved,
+        gpu_types=frozenset(patterns if starved or not placed else placed),
+    )
+
+
+def _starved(status: JsonDict, suspended: bool) -> bool:
+    if suspended:
+        return False
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    degraded = conditions.get("Degraded") or {}
+    admitted = conditions.get("Admitted") or {}
+    terminal = any(
+        (conditions.get(t) or {}).get("status") == "True" for t in ("Failed", "Succeeded")
+    )
+    return (
+        not terminal
+        and admitted.get("status") != "False"
+        and degraded.get("status") == "True"
+        and degraded.get("reason") == "InsufficientCapacity"
+    )
+
+
+def _live_pods(pods: Sequence[JsonDict]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        job = (meta.get("labels") or {}).get(LABEL_JOB)
+        phase = (pod.get("status") or {}).get("phase")
+        if job and not meta.get("deletionTimestamp") and phase not in ("Succeeded", "Failed"):
+            counts[f"{meta.get('namespace', '')}/{job}"] += 1
+    return counts

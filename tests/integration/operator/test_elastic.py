@@ -1,0 +1,168 @@
+"""Elastic resizing on the real control plane: scenarios (a)-(e) and (g) of the elastic issue,
+``kubectl scale`` and an HPA. Each asserts on cluster state: the world version and members in
+TrainingJob status, the resize history, pods and their assignments.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from tests.integration.conftest import Cluster
+from tests.integration.operator.conftest import EXAMPLES, Jobs, NodePool, OperatorProcess
+from tests.integration.operator.test_operator import fail_pod, h200_job
+
+
+def resizes(jobs: Jobs, name: str, reason: str) -> list[dict[str, Any]]:
+    return [r for r in jobs.status(name).get("resizes", []) if r["reason"] == reason]
+
+
+def world_is(jobs: Jobs, name: str, replicas: int, phase: str | None = None) -> Any:
+    status = jobs.status(name)
+    ok = status.get("world", {}).get("replicas") == replicas and (
+        phase is None or status.get("phase") == phase
+    )
+    return ok and status
+
+
+def assignments(jobs: Jobs, name: str) -> dict[str, dict[str, Any]]:
+    return {
+        p["metadata"]["name"]: json.loads(p["metadata"]["annotations"]["elastra.dev/assignment"])
+        for p in jobs.pods(name)
+    }
+
+
+def test_a_runs_at_capacity_then_grows_when_nodes_arrive(
+    jobs: Jobs, operator: OperatorProcess, pool: NodePool
+) -> None:
+    pool.add(4)
+    jobs.apply(h200_job("grow", replicas=8, minReplicas=2))
+    running = jobs.wait("runs at 4 of 8", lambda: world_is(jobs, "grow", 4, "Degraded"))
+    assert running["world"]["version"] == 1
+    pool.add(4)
+    grown = jobs.wait("grown to 8", lambda: world_is(jobs, "grow", 8, "Running"))
+    history = [(r["reason"], r["toReplicas"]) for r in grown["resizes"]]
+    assert history[0] == ("WorldFormed", 4)
+    assert all(reason == "ScaledUp" for reason, _ in history[1:]), history
+    assert history[-1] == ("ScaledUp", 8)
+    versions = {a["worldVersion"] for a in assignments(jobs, "grow").values()}
+    assert versions == {grown["world"]["version"]}
+    ranks = sorted(a["rank"] for a in assignments(jobs, "grow").values())
+    assert ranks == [8 * i for i in range(8)]
+
+
+def test_b_three_nodes_deleted_at_once_give_one_resize(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+) -> None:
+    pool.add(6)
+    jobs.apply(h200_job("rack", replicas=6, minReplicas=2))
+    status = jobs.wait("running at 6", lambda: world_is(jobs, "rack", 6, "Running"))
+    version = status["world"]["version"]
+    doomed = sorted(p["node"] for p in status["placement"])[:3]
+    pool.remove(*doomed)
+    after = jobs.wait("re-formed at 3", lambda: world_is(jobs, "rack", 3))
+    assert after["world"]["version"] == version + 1
+    lost = resizes(jobs, "rack", "WorkerLost")
+    assert len(lost) == 1 and lost[0]["fromReplicas"] == 6 and lost[0]["toReplicas"] == 3
+    ranks = [p["rank"] for p in after["placement"]]
+    assert len(ranks) == len(set(ranks)) == 3
+    assert not {p["node"] for p in after["placement"]} & set(doomed)
+
+
+def test_c_below_minimum_waits_degraded_then_resumes(
+    jobs: Jobs, operator: OperatorProcess, pool: NodePool
+) -> None:
+    pool.add(2)
+    jobs.apply(h200_job("patient", replicas=4, minReplicas=3))
+    waiting = jobs.wait(
+        "Degraded for lack of capacity",
+        lambda: (s := jobs.status("patient")).get("phase") == "Degraded" and s,
+    )
+    degraded = next(c for c in waiting["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "InsufficientCapacity" and "minReplicas" in degraded["message"]
+    assert waiting["world"].get("ranks", []) == []
+    assert not any(c["type"] == "Failed" and c["status"] == "True" for c in waiting["conditions"])
+    pool.add(2)
+    jobs.wait("runs at 4 once capacity returns", lambda: world_is(jobs, "patient", 4, "Running"))
+
+
+def test_d_kubectl_scale_down_and_up_within_bounds(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+) -> None:
+    pool.add(6)
+    jobs.apply(h200_job("scaled", replicas=6, minReplicas=2, maxReplicas=6))
+    jobs.wait("running at 6", lambda: world_is(jobs, "scaled", 6, "Running"))
+    ns = jobs.namespace
+    cluster.kubectl("scale", "tj/scaled", "-n", ns, "--replicas=3")
+    down = jobs.wait("shrunk to 3", lambda: world_is(jobs, "scaled", 3))
+    assert down["world"]["version"] == 2
+    retired = [n for n, a in assignments(jobs, "scaled").items() if a["stop"]]
+    assert all(n not in down["world"]["ranks"] for n in retired)
+    cluster.kubectl("scale", "tj/scaled", "-n", ns, "--replicas=6")
+    jobs.wait("grown back to 6", lambda: world_is(jobs, "scaled", 6, "Running"))
+    too_many = cluster.kubectl("scale", "tj/scaled", "-n", ns, "--replicas=7", check=False)
+    assert too_many.returncode != 0 and "replicas must be <= maxReplicas" in too_many.stderr
+    zero = cluster.kubectl("scale", "tj/scaled", "-n", ns, "--replicas=0", check=False)
+    assert zero.returncode != 0 and "greater than or equal to 1" in zero.stderr
+    printed = cluster.kubectl("get", "tj", "scaled", "-n", ns).stdout.split("\n")
+    assert printed[0].split()[:4] == ["NAME", "DESIRED", "READY", "WORLD"]
+    assert printed[1].split()[1:4] == ["6", "6", "48"]
+
+
+def test_e_thirty_percent_failed_at_once_is_one_resize(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+) -> None:
+    pool.add(3)
+    worker = {"gpus": 2, "gpuTypes": ["H200"], "image": "elastra-worker:dev"}
+    jobs.apply(h200_job("burst", replicas=10, minReplicas=2, worker=worker))
+    status = jobs.wait("running at 10", lambda: world_is(jobs, "burst", 10, "Running"))
+    fail_pod(cluster, jobs.namespace, *status["world"]["ranks"][2:5], code=75)
+    jobs.wait("failure resize", lambda: resizes(jobs, "burst", "WorkerFailed"))
+    healed = jobs.wait("back at 10", lambda: world_is(jobs, "burst", 10, "Running"))
+    failed = resizes(jobs, "burst", "WorkerFailed")
+    assert len(failed) == 1, [
+        (r["reason"], r["fromReplicas"], r["toReplicas"]) for r in healed["resizes"]
+    ]
+    messages = "; ".join(e["message"] for e in jobs.events("burst"))
+    assert failed[0]["fromReplicas"] == 10 and failed[0]["toReplicas"] == 7, messages
+    assert healed["restarts"] == 1
+
+
+def test_g_two_jobs_share_a_scarce_type_without_livelock(
+    jobs: Jobs, operator: OperatorProcess, pool: NodePool
+) -> None:
+    pool.add(3)
+    jobs.apply(h200_job("first", replicas=3, minReplicas=1))
+    jobs.wait("first runs at 3", lambda: world_is(jobs, "first", 3, "Running"))
+    jobs.apply(h200_job("second", replicas=3, minReplicas=1))
+    jobs.wait(
+        "both at least at their minimum",
+        lambda: world_is(jobs, "second", 1) and world_is(jobs, "first", 2),
+        timeout=120,
+    )
+    first_versions = jobs.status("first")["world"]["version"]
+    second_versions = jobs.status("second")["world"]["version"]
+    jobs.wait("two quiet passes each", lambda: operator.quiet_passes("first") >= 2
+              and operator.quiet_passes("second") >= 2)  # fmt: skip
+    assert jobs.status("first")["world"]["version"] == first_versions, "no livelock"
+    assert jobs.status("second")["world"]["version"] == second_versions, "no livelock"
+
+
+def test_hpa_resizes_a_running_job_through_the_scale_subresource(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+) -> None:
+    pool.add(4)
+    jobs.apply(h200_job("cpu-tiny", replicas=2, minReplicas=1, maxReplicas=4))
+    jobs.wait("running at 2", lambda: world_is(jobs, "cpu-tiny", 2, "Running"))
+    hpa = yaml.safe_load((EXAMPLES / "hpa.yaml").read_text())
+    hpa["spec"]["minReplicas"] = 3
+    cluster.apply(hpa, namespace=jobs.namespace)
+    grown = jobs.wait(
+        "HPA raised replicas to its minimum and the world followed",
+        lambda: world_is(jobs, "cpu-tiny", 3, "Running"),
+        timeout=120,
+    )
+    assert jobs.get("cpu-tiny")["spec"]["replicas"] == 3
+    assert grown["selector"] == "elastra.dev/job=cpu-tiny"
