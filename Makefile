@@ -69,8 +69,15 @@ fmt: $(STAMP) ## Format and autofix with ruff
 	$(BIN)/ruff check --fix $(PY_SOURCES)
 
 .PHONY: crds
-crds: $(STAMP) ## Regenerate crds/ from the pydantic models
+crds: $(STAMP) ## Regenerate crds/ (and the Helm chart's copy) from the pydantic models
 	$(BIN)/elastra crds > crds/trainingjobs.elastra.dev.yaml
+	cp crds/trainingjobs.elastra.dev.yaml helm/elastra/crds/
+
+.PHONY: helm-lint
+helm-lint: toolchain ## helm lint --strict and a helm template of the chart (also in make test)
+	@helm="$$(e2e/toolchain/build.sh --print-bindir)/helm"; \
+	  $$helm lint --strict helm/elastra && $$helm template elastra helm/elastra >/dev/null && \
+	  echo "helm-lint: OK"
 
 .PHONY: lock
 lock: $(STAMP) ## Re-pin constraints.txt to what .venv resolved (commit the result)
