@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -94,6 +95,11 @@ def register(sub: Any) -> None:
         metavar="S",
         help="delete a worker told to stop after this even if it did not exit",
     )
+    parser.add_argument(
+        "--lease-namespace",
+        help="namespace of the elastra-operator Lease (default: $POD_NAMESPACE, else the "
+        "kubeconfig's namespace); only the Lease holder writes",
+    )
     parser.add_argument("--log-format", choices=["json", "plain"], default="json")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.set_defaults(handler=run)
@@ -130,8 +136,12 @@ def run(args: argparse.Namespace) -> int:
             retire_timeout=timedelta(seconds=args.retire_timeout_seconds),
         ),
     )
+    connection = load_connection(args.kubeconfig)
     options = RunOptions(
-        connection=load_connection(args.kubeconfig),
+        connection=connection,
+        lease_namespace=args.lease_namespace
+        or os.environ.get("POD_NAMESPACE")
+        or connection.namespace,
         settings=settings,
         metrics_port=args.metrics_port,
         health_port=args.health_port,

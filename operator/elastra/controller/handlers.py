@@ -28,6 +28,7 @@ import kopf
 
 from elastra.api import GROUP, PLURAL, VERSION
 from elastra.controller import metrics
+from elastra.controller.leader import LeaderElector
 from elastra.controller.manifests import LABEL_JOB
 from elastra.controller.reconcile import ClusterSnapshot, reconcile
 from elastra.controller.settings import OperatorSettings
@@ -54,6 +55,7 @@ class Runtime:
     kube: Kube
     settings: OperatorSettings
     snapshot: ClusterSnapshot
+    leader: LeaderElector
     loops: dict[JobKey, JobLoop] = field(default_factory=dict)
     node_prints: dict[str, str] = field(default_factory=dict)
 
@@ -88,6 +90,10 @@ class Runtime:
         namespace, name = key
         while True:
             wake.clear()
+            if not self.leader.leading:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), timeout=self.leader.renew.total_seconds())
+                continue
             try:
                 delay = await reconcile(
                     self.kube, self.snapshot, namespace, name, settings=self.settings

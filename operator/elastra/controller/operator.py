@@ -4,9 +4,10 @@ Kopf's own watch streams log in with the same credentials as Elastra's API clien
 handler hands Kopf the connection ``elastra.kube.config`` loaded), so the operator never
 depends on which optional client library Kopf would otherwise pick.
 
-One active replica: the Helm chart runs a single replica with the Recreate strategy, and
-Kopf peering (``--peering``) makes a second operator that starts by accident pause while
-the first is alive. Priorities: the Deployment's operator runs at ``--priority 100``; a
+One active replica: the Helm chart runs a single replica with the Recreate strategy; every
+operator's job loops write only while holding the ``elastra-operator`` Lease (see
+``leader``), and Kopf peering (``--peering``) also pauses Kopf's own handlers in an operator
+of lower priority. Priorities: the Deployment's operator runs at ``--priority 100``; a
 developer's ``elastra run`` on a laptop defaults to 0, so it pauses instead of fighting the
 in-cluster one; equal priorities both pause, which Kopf reports loudly.
 """
@@ -14,6 +15,7 @@ in-cluster one; equal priorities both pause, which Kopf reports loudly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -22,9 +24,10 @@ import kopf
 from prometheus_client import start_http_server
 
 from elastra.controller.handlers import Runtime, register
+from elastra.controller.leader import LeaderElector, identity
 from elastra.controller.reconcile import ClusterSnapshot
 from elastra.controller.settings import OperatorSettings
-from elastra.kube.client import Kube
+from elastra.kube.client import ApiError, Kube
 from elastra.kube.config import Connection
 
 log = logging.getLogger("elastra.operator")
@@ -40,6 +43,8 @@ class RunOptions:
     health_port: int = 8081
     peering: str | None = None
     priority: int = 0
+    lease_namespace: str = "default"
+    """Namespace of the ``elastra-operator`` Lease that picks the one writing operator."""
     json_logs: bool = True
     verbose: bool = False
 
@@ -58,7 +63,11 @@ def run(options: RunOptions, *, stop: asyncio.Event | None = None) -> None:
 async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> None:
     """The operator as a coroutine (tests run it in a thread with their own stop flag)."""
     kube = Kube(options.connection)
-    rt = Runtime(kube=kube, settings=options.settings, snapshot=ClusterSnapshot(kube))
+    leader = LeaderElector(kube=kube, namespace=options.lease_namespace, me=identity())
+    rt = Runtime(
+        kube=kube, settings=options.settings, snapshot=ClusterSnapshot(kube), leader=leader
+    )
+    electing = asyncio.create_task(leader.run(), name="leader election")
     registry = kopf.OperatorRegistry()
     register(registry)
     _register_login(registry, options.connection)
@@ -78,6 +87,9 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
             stop_flag=stop,
         )
     finally:
+        electing.cancel()
+        with contextlib.suppress(ApiError, OSError):
+            await leader.release()
         for key in list(rt.loops):
             await rt.stop(key)
         await kube.close()

@@ -125,3 +125,33 @@ async def list_events(kube: Kube, namespace: str, name: str) -> list[JsonDict]:
         field_selector=f"involvedObject.kind=TrainingJob,involvedObject.name={name}",
     )
     return sorted(events, key=lambda e: str(e.get("lastTimestamp") or ""))
+
+
+def lease_path(namespace: str, name: str = "") -> str:
+    """Path of the Leases collection, or of one Lease."""
+    base = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    return f"{base}/{name}" if name else base
+
+
+async def get_lease(kube: Kube, namespace: str, name: str) -> JsonDict | None:
+    """A Lease, or ``None``."""
+    return await kube.get(lease_path(namespace, name))
+
+
+async def create_lease(
+    kube: Kube, namespace: str, name: str, spec: dict[str, Any]
+) -> JsonDict | None:
+    """Create a Lease; ``None`` when another operator created it first."""
+    body = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+    return await kube.create(lease_path(namespace), body)
+
+
+async def replace_lease(kube: Kube, lease: JsonDict) -> JsonDict:
+    """Write a Lease with its resourceVersion as precondition (``ConflictError`` if stale)."""
+    meta = lease["metadata"]
+    return await kube.replace(lease_path(meta["namespace"], meta["name"]), lease)

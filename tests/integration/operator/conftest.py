@@ -45,6 +45,7 @@ class OperatorProcess:
             sys.executable, "-m", "elastra.cli", "run",
             f"--kubeconfig={self.cluster.kubeconfig}",
             f"--namespace={self.namespace}",
+            f"--lease-namespace={self.namespace}",
             f"--toleration={KWOK_TOLERATION}",
             "--metrics-port=0", "--health-port=0",
             "--resync-seconds=5", "--settle-seconds=1", "--pending-grace-seconds=10",

@@ -228,3 +228,38 @@ def test_unplaceable_job_says_why_once_and_creates_nothing(
     assert not jobs.pods("nowhere")
     warnings = [e for e in jobs.events("nowhere") if e["type"] == "Warning"]
     assert len(warnings) == 1, warnings
+
+
+def test_only_the_lease_holder_writes_and_a_successor_takes_over(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+) -> None:
+    second = OperatorProcess(cluster, jobs.namespace)
+    second.start()
+    try:
+        jobs.wait(
+            "the second operator stands by",
+            lambda: any("standing by" in line for line in second.lines),
+            timeout=60,
+        )
+        jobs.apply(h200_job("solo", replicas=2))
+        jobs.wait_phase("solo", "Running")
+        assert operator.quiet_passes("solo") + _passes(operator, "solo") > 0
+        assert _passes(second, "solo") == 0, "a standby operator must not reconcile"
+        operator.kill()
+        cluster.kubectl(
+            "patch", "tj", "solo", "-n", jobs.namespace, "--type=merge", "-p",
+            json.dumps({"spec": {"replicas": 3}}),
+        )  # fmt: skip
+        grown = jobs.wait(
+            "the successor acquires the Lease and grows the job",
+            lambda: (s := jobs.status("solo")).get("world", {}).get("replicas") == 3 and s,
+            timeout=120,
+        )
+        assert grown["world"]["version"] == 2
+        assert _passes(second, "solo") > 0
+    finally:
+        second.stop()
+
+
+def _passes(proc: OperatorProcess, job: str) -> int:
+    return sum(1 for line in list(proc.lines) if f'"job": "{proc.namespace}/{job}"' in line)

@@ -1,0 +1,126 @@
+"""One writer at a time: a coordination.k8s.io Lease that job loops check before each pass.
+
+Kopf peering pauses Kopf's own handlers when an operator of higher priority is alive, but
+Elastra's job loops are its own tasks and would keep writing. So the loops also hold a Lease:
+only the holder reconciles. The holder renews it every ``renew`` seconds; another operator
+takes it over once ``duration`` has passed without renewal (a killed operator's successor
+waits at most that long). Both writes carry the Lease's resourceVersion, so two operators
+racing for an expired Lease cannot both win.
+
+The decision (``can_take``) is pure and clock-injected; ``LeaderElector`` does the I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from elastra.kube import resources
+from elastra.kube.client import ApiError, ConflictError, Kube
+
+log = logging.getLogger("elastra.leader")
+
+LEASE_NAME = "elastra-operator"
+
+
+def identity() -> str:
+    """A name for this operator process: host, pid and a random suffix."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def _time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def can_take(lease: dict[str, Any] | None, me: str, now: datetime) -> bool:
+    """May ``me`` hold this Lease now? Yes if unheld, held by me, or expired."""
+    if lease is None:
+        return True
+    spec = lease.get("spec") or {}
+    holder = spec.get("holderIdentity")
+    if not holder or holder == me:
+        return True
+    renewed = _time(spec.get("renewTime")) or _time(spec.get("acquireTime"))
+    duration = timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0))
+    return renewed is None or now - renewed > duration
+
+
+@dataclass
+class LeaderElector:
+    """Acquire and renew the Lease; ``leading`` says whether this process may write."""
+
+    kube: Kube
+    namespace: str
+    me: str
+    duration: timedelta = timedelta(seconds=15)
+    renew: timedelta = timedelta(seconds=5)
+    leading: bool = False
+    _told: bool = False
+
+    async def run(self) -> None:
+        """Loop forever (cancel to stop); never raises for API trouble, it just retries."""
+        while True:
+            try:
+                self._set(await self.try_acquire(datetime.now(UTC)))
+            except (ApiError, OSError, TimeoutError) as err:
+                log.warning("lease %s/%s: %s", self.namespace, LEASE_NAME, err)
+                self._set(False)
+            await asyncio.sleep(self.renew.total_seconds())
+
+    async def try_acquire(self, now: datetime) -> bool:
+        """One attempt to take or renew the Lease."""
+        lease = await resources.get_lease(self.kube, self.namespace, LEASE_NAME)
+        if not can_take(lease, self.me, now):
+            return False
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        spec: dict[str, Any] = {
+            "holderIdentity": self.me,
+            "leaseDurationSeconds": int(self.duration.total_seconds()),
+            "renewTime": stamp,
+        }
+        try:
+            if lease is None:
+                spec["acquireTime"] = stamp
+                created = await resources.create_lease(self.kube, self.namespace, LEASE_NAME, spec)
+                return created is not None
+            else:
+                if (lease.get("spec") or {}).get("holderIdentity") != self.me:
+                    spec["acquireTime"] = stamp
+                    spec["leaseTransitions"] = (
+                        int((lease.get("spec") or {}).get("leaseTransitions") or 0) + 1
+                    )
+                await resources.replace_lease(self.kube, {**lease, "spec": spec})
+        except ConflictError:
+            return False
+        return True
+
+    async def release(self) -> None:
+        """Give the Lease up on a clean stop, so a successor need not wait for it to expire."""
+        if not self.leading:
+            return
+        self.leading = False
+        lease = await resources.get_lease(self.kube, self.namespace, LEASE_NAME)
+        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.me:
+            return
+        spec = {**(lease.get("spec") or {}), "holderIdentity": None}
+        with contextlib.suppress(ConflictError):
+            await resources.replace_lease(self.kube, {**lease, "spec": spec})
+
+    def _set(self, leading: bool) -> None:
+        if leading != self.leading or not self._told:
+            self._told = True
+            log.info("lease %s/%s: %s", self.namespace, LEASE_NAME,
+                     "acquired, reconciling" if leading else "not held, standing by")  # fmt: skip
+        self.leading = leading
