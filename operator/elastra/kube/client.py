@@ -58,6 +58,7 @@ class InvalidError(ApiError):
 
 
 API_ERRORS = Metric("elastra_api_errors_total", "Failed API requests", ["status"])
+API_REQUESTS = Metric("elastra_api_requests_total", "API requests made", ["verb"])
 
 _ERRORS: dict[int, type[ApiError]] = {404: NotFoundError, 409: ConflictError, 422: InvalidError}
 
@@ -118,6 +119,7 @@ class Kube:
             headers["Content-Type"] = content_type
             data = json.dumps(body)
         self.requests[method] += 1
+        API_REQUESTS.labels(verb=method).inc()
         async with self._session.request(method, url, data=data, headers=headers) as response:
             text = await response.text()
             if response.status >= 400:

@@ -8,6 +8,8 @@ run on private fake H200 nodes the test adds and removes.
 from __future__ import annotations
 
 import json
+import socket
+import urllib.request
 from collections import Counter
 from typing import Any
 
@@ -263,3 +265,61 @@ def test_only_the_lease_holder_writes_and_a_successor_takes_over(
 
 def _passes(proc: OperatorProcess, job: str) -> int:
     return sum(1 for line in list(proc.lines) if f'"job": "{proc.namespace}/{job}"' in line)
+
+
+def test_metrics_and_liveness_endpoints(
+    cluster: Cluster, jobs: Jobs, private_nodes: list[str]
+) -> None:
+    metrics_port, health_port = _free_ports(2)
+    proc = OperatorProcess(
+        cluster,
+        jobs.namespace,
+        extra_args=(f"--metrics-port={metrics_port}", f"--health-port={health_port}"),
+    )
+    proc.start()
+    try:
+        jobs.apply(h200_job("observed", replicas=2))
+        jobs.wait_phase("observed", "Running")
+        health = jobs.wait(
+            "liveness endpoint answers",
+            lambda: _http(f"http://127.0.0.1:{health_port}/healthz"),
+            timeout=60,
+        )
+        assert health is not None
+        text = jobs.wait(
+            "metrics show the running job",
+            lambda: (
+                (t := _http(f"http://127.0.0.1:{metrics_port}/metrics"))
+                and 'elastra_jobs{phase="Running"} 1.0' in t
+                and t
+            ),
+        )
+        for name in (
+            "elastra_reconcile_duration_seconds_bucket",
+            "elastra_pods_created_total",
+            "elastra_resizes_total",
+            "elastra_api_requests_total",
+            "elastra_job_restarts",
+        ):
+            assert name in text, name
+    finally:
+        proc.stop()
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _http(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            body: bytes = reply.read()
+            return body.decode()
+    except OSError:
+        return None
