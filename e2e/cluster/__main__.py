@@ -36,6 +36,16 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_FLEET,
         help=f"fleet name in e2e/fleets or a path (default {DEFAULT_FLEET}); 'none' for no nodes",
     )
+    p_up.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also start a real node here (containerd, kubelet, kube-proxy; needs root)",
+    )
+    p_up.add_argument(
+        "--images",
+        default="",
+        help="with --real-node: images to build and import, comma-separated (worker,operator)",
+    )
     p_down = sub.add_parser("down", help="stop exactly the processes up started")
     p_down.add_argument("--purge", action="store_true", help="also delete logs and the PKI")
     sub.add_parser("status", help="print what runs (JSON); exit 1 when the cluster is not up")
@@ -51,7 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     layout = Layout(args.dir.resolve()) if args.dir else default_layout()
     try:
         if args.command == "up":
-            up(layout, fleet=None if args.fleet == "none" else args.fleet)
+            up(
+                layout,
+                fleet=None if args.fleet == "none" else args.fleet,
+                real_node=args.real_node,
+                images=tuple(i for i in args.images.split(",") if i),
+            )
         elif args.command == "down":
             down(layout, keep_logs=not args.purge)
             if args.purge:

@@ -36,6 +36,13 @@ KWOK_NODE_IP = "127.0.0.2"
 # kwok renews each node's Lease every NODE_LEASE_SECONDS / 4; the node lifecycle controller
 # marks a node Unknown after NODE_GRACE_SECONDS without a renewal (the default 50 s is too
 # tight for a thousand simulated nodes on a busy two-core machine).
+# With a real node (`up --real-node`, e2e/node) the ranges cannot be loopback: a kubelet refuses
+# loopback pod and node addresses. 198.18.0.0/15 is the benchmarking range (RFC 2544): no one
+# else's network; the node adds blackhole routes for both ranges so nothing leaks from here.
+REAL_POD_CIDR = "198.18.0.0/16"
+REAL_NODE_POD_CIDR = "198.18.0.0/24"
+REAL_SERVICE_CIDR = "198.19.0.0/16"
+REAL_FIRST_SERVICE_IP = "198.19.0.1"
 NODE_LEASE_SECONDS = 80
 NODE_GRACE_SECONDS = 120
 # --- helpers ---------------------------------------------------------------------------------
@@ -174,25 +181,39 @@ def start_etcd(ctx: Ctx) -> None:
 
 def start_apiserver(ctx: Ctx) -> None:
     p, pki = ctx.state.ports, ctx.layout.pki
+    real = ctx.state.real_node
+    # With a real node, pods reach the API server through the `kubernetes` Service, which
+    # kube-proxy translates to the machine's own address: listen there too and keep the
+    # Service's endpoints (the lease reconciler). Without one, loopback only, no endpoints.
+    if real:
+        service_cidr = REAL_SERVICE_CIDR
+        addresses = ["--bind-address=0.0.0.0", f"--advertise-address={real['ip']}"]
+        reconciler = "--endpoint-reconciler-type=lease"
+        # The kubelet (system:node:<name>) is authorised by the Node authorizer.
+        authz = "--authorization-mode=Node,RBAC"
+    else:
+        service_cidr = SERVICE_CIDR
+        addresses = ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"]
+        reconciler = "--endpoint-reconciler-type=none"
+        authz = "--authorization-mode=RBAC"
     daemon = ctx.start(
         "kube-apiserver",
         [
             "kube-apiserver",
             f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            *addresses,
             f"--secure-port={p['apiserver']}",
             f"--cert-dir={ctx.layout.root / 'apiserver-certs'}",
             f"--tls-cert-file={pki.serving_cert}",
             f"--tls-private-key-file={pki.serving_key}",
             f"--client-ca-file={pki.ca_cert}",
             "--anonymous-auth=false",
-            "--authorization-mode=RBAC",
+            authz,
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki.sa_pub}",
             f"--service-account-signing-key-file={pki.sa_key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--endpoint-reconciler-type=none",
+            f"--service-cluster-ip-range={service_cidr}",
+            reconciler,
             "--allow-privileged=true",
             "--profiling=false",
             "--max-requests-inflight=800",

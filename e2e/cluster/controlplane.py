@@ -26,11 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from e2e.node import node as real_node_mod
 
 from . import procs
 from .api import Api, ApiError, wait_for
 from .components import (
     FIRST_SERVICE_IP,
+    REAL_FIRST_SERVICE_IP,
     Ctx,
     free_ports,
     kubectl,
@@ -108,22 +110,37 @@ def _step(what: str) -> Iterator[None]:
     say(f"{what}: ok ({time.monotonic() - started:.1f}s)")
 
 
-def up(layout: Layout | None = None, *, fleet: str | None = DEFAULT_FLEET, owner: str = "") -> bool:
+def up(
+    layout: Layout | None = None,
+    *,
+    fleet: str | None = DEFAULT_FLEET,
+    owner: str = "",
+    real_node: bool = False,
+    images: tuple[str, ...] = (),
+) -> bool:
     """Start the cluster (or find it running). Returns True when this call started it.
 
     owner is recorded in state.json (a test run passes "pid:<its pid>" so that a later run can
-    tell a cluster left behind by a killed run from one a person started).
+    tell a cluster left behind by a killed run from one a person started). real_node also
+    starts a real node on this machine (e2e/node: containerd, kubelet, kube-proxy) with the
+    pause image and `images` (names known to e2e/images) imported into its containerd.
     """
     layout = layout or default_layout()
     with _locked(layout):
-        return _up(layout, fleet, owner)
+        return _up(layout, fleet, owner, real_node, images)
 
 
-def _up(layout: Layout, fleet: str | None, owner: str) -> bool:
+def _up(
+    layout: Layout, fleet: str | None, owner: str, real_node: bool, images: tuple[str, ...]
+) -> bool:
     if is_up(layout):
         state = State.load(layout)
         assert state is not None
         say(f"already running at {state.server} (kubeconfig {layout.kubeconfig})")
+        if real_node and not state.real_node:
+            raise ClusterError(
+                "the running cluster has no real node; stop it (down) and start it again"
+            )
         if fleet and fleet != state.fleet:
             _apply_fleet(fleet, layout, replace=False, timeout=300)
         return False
@@ -145,9 +162,12 @@ def _up(layout: Layout, fleet: str | None, owner: str) -> bool:
         bindir=str(bindir),
         owner=owner,
     )
+    if real_node:
+        # Recorded before the API server starts: it then listens on the node's address too.
+        state.real_node = {"ip": real_node_mod.node_ip(), "pending": True}
     state.save(layout)
     try:
-        _bring_up(Ctx(layout, state, bindir), fleet)
+        _bring_up(Ctx(layout, state, bindir), fleet, images)
     except BaseException:
         say(f"start-up failed; stopping what was started (logs stay in {layout.logs})")
         _down(layout, keep_logs=True)
@@ -156,10 +176,17 @@ def _up(layout: Layout, fleet: str | None, owner: str) -> bool:
     return True
 
 
-def _bring_up(ctx: Ctx, fleet: str | None) -> None:
+def _bring_up(ctx: Ctx, fleet: str | None, images: tuple[str, ...] = ()) -> None:
     layout, state = ctx.layout, ctx.state
     with _step("pki"):
-        pki = ensure_pki(layout.root / "pki", service_ip=FIRST_SERVICE_IP)
+        if state.real_node:
+            pki = ensure_pki(
+                layout.root / "pki",
+                service_ip=REAL_FIRST_SERVICE_IP,
+                extra_ips=(state.real_node["ip"],),
+            )
+        else:
+            pki = ensure_pki(layout.root / "pki", service_ip=FIRST_SERVICE_IP)
     for user in ("controller-manager", "scheduler", "kwok"):
         write_kubeconfig(layout.component_kubeconfig(user), server=state.server, pki=pki, user=user)
     write_kubeconfig(layout.kubeconfig, server=state.server, pki=pki, user="admin")
@@ -180,6 +207,9 @@ def _bring_up(ctx: Ctx, fleet: str | None) -> None:
     install_crds(layout, state)
     if fleet:
         _apply_fleet(fleet, layout, replace=False, timeout=300)
+    if state.real_node:
+        with _step("real node (containerd, images, kubelet, kube-proxy)"):
+            real_node_mod.start(layout, state, ctx.bindir, images=list(images))
 
 
 def _exists(api: Api, path: str) -> bool:
@@ -274,6 +304,9 @@ def _down(layout: Layout, *, keep_logs: bool) -> list[str]:
     if state is None:
         say(f"no cluster recorded in {layout.root}; nothing to stop")
         return stopped
+    if state.real_node:
+        # The node's pods go first (through its kubelet), then its daemons and network changes.
+        stopped += real_node_mod.teardown(layout, state)
     # Reverse start order: kwok and the controllers before the API server, etcd last.
     for daemon in reversed(state.daemons):
         if procs.stop(daemon):

@@ -182,16 +182,17 @@ def _serves(cert_path: Path, ip: str) -> bool:
     return ipaddress.ip_address(ip) in sans.get_values_for_type(x509.IPAddress)
 
 
-def ensure_pki(root: Path, *, service_ip: str) -> Pki:
+def ensure_pki(root: Path, *, service_ip: str, extra_ips: tuple[str, ...] = ()) -> Pki:
     """Create the CA, the apiserver serving pair, client pairs and the service-account keys.
 
     Files that already exist are kept, so kubeconfigs written earlier stay valid; the serving
-    certificate is reissued when it does not name service_ip.
+    certificate is reissued when it does not name service_ip (and each of extra_ips: the node's
+    own address when a real node's pods reach the API server through it).
     """
     root.mkdir(parents=True, exist_ok=True)
     pki = Pki(root)
     ca = _load_ca(pki) if pki.ca_cert.exists() and pki.ca_key.exists() else _make_ca(pki)
-    if not _serves(pki.serving_cert, service_ip):
+    if not all(_serves(pki.serving_cert, ip) for ip in (service_ip, *extra_ips)):
         cert, key = _issue(
             ca,
             _name("kube-apiserver"),
@@ -202,7 +203,7 @@ def ensure_pki(root: Path, *, service_ip: str) -> Pki:
                 "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
             ),
-            server_ips=("127.0.0.1", service_ip),
+            server_ips=("127.0.0.1", service_ip, *extra_ips),
         )
         _write_key(pki.serving_key, key)
         _write_cert(pki.serving_cert, cert)
@@ -221,3 +222,24 @@ def ensure_pki(root: Path, *, service_ip: str) -> Pki:
             )
         )
     return pki
+
+
+def ensure_client_cert(pki: Pki, stem: str, common_name: str, organisation: str | None) -> None:
+    """A client pair <stem>.crt/.key signed by the cluster CA (kept when it exists)."""
+    if pki.client_cert(stem).exists() and pki.client_key(stem).exists():
+        return
+    cert, key = _issue(_load_ca(pki), _name(common_name, organisation))
+    _write_key(pki.client_key(stem), key)
+    _write_cert(pki.client_cert(stem), cert)
+
+
+def ensure_serving_cert(
+    pki: Pki, stem: str, *, names: tuple[str, ...], ips: tuple[str, ...]
+) -> None:
+    """A serving pair <stem>.crt/.key for names and ips (reissued when an IP is missing)."""
+    path = pki.client_cert(stem)
+    if path.exists() and pki.client_key(stem).exists() and all(_serves(path, ip) for ip in ips):
+        return
+    cert, key = _issue(_load_ca(pki), _name(names[0]), server_names=names, server_ips=ips)
+    _write_key(pki.client_key(stem), key)
+    _write_cert(path, cert)

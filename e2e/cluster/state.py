@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import procs
 from .api import Api
@@ -89,6 +90,9 @@ class State:
     # Who started the cluster: "pid:<n>" of a test run that will stop it again, or "" for a
     # person (make cluster-up). A test run that died leaves an owner whose pid is gone.
     owner: str = ""
+    # The real node (e2e/node) when `up --real-node` started one: name, ip, ports, its folder
+    # and what it changed on the machine (routes, iptables rule, sysctls) so down can undo it.
+    real_node: dict[str, Any] | None = None
 
     @property
     def server(self) -> str:
@@ -102,6 +106,7 @@ class State:
             "bindir": self.bindir,
             "fleet": self.fleet,
             "owner": self.owner,
+            "real_node": self.real_node,
         }
         tmp = layout.state.with_suffix(".tmp")
         tmp.write_text(json.dumps(body, indent=2) + "\n")
@@ -120,6 +125,7 @@ class State:
             bindir=str(raw["bindir"]),
             fleet=raw.get("fleet"),
             owner=str(raw.get("owner") or ""),
+            real_node=raw.get("real_node"),
         )
 
 

@@ -1,0 +1,1 @@
+"""Images built without a registry: see build.py and README.md."""

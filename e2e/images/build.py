@@ -1,0 +1,422 @@
+"""Build Elastra's images (pause, worker, operator) without a registry or a docker daemon.
+
+Why: no image can be pulled here. The pause image is a static C program; the worker and
+operator images are a Debian rootfs made by debootstrap (mirror read from this machine's apt
+sources) plus wheels downloaded on the host and installed in the chroot with
+`pip install --no-index`, packed as docker-archive tarballs (archive.py) and imported into a
+node's containerd with `ctr -n k8s.io images import`.
+
+Cache: ${ELASTRA_CACHE:-~/.cache/elastra}/images/<name>-<key>/ holds each layer tar and
+image.json (tag, layers, config). Each layer's key hashes exactly its inputs, so a warm
+rebuild only checks files, and changing elastra_worker rebuilds only the small app layer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .archive import Layer, image_config, layer_from_dir, layer_from_files, write_archive
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+PAUSE_TAG = "elastra.local/pause:1.0"
+WORKER_TAG = "elastra.local/elastra-worker:dev"
+OPERATOR_TAG = "elastra.local/elastra-operator:dev"
+PYTHON_TAG = "elastra.local/debian-python:dev"
+# Bump when the recipe changes in a way the hashed inputs do not show.
+RECIPE = "1"
+PY_PACKAGES = ["python3", "python3-venv", "libgomp1", "ca-certificates", "tini"]
+
+
+def say(msg: str) -> None:
+    print(f"images: {msg}", file=sys.stderr, flush=True)
+
+
+def cache_root() -> Path:
+    base = os.environ.get("ELASTRA_CACHE") or str(Path.home() / ".cache" / "elastra")
+    return Path(base) / "images"
+
+
+def _key(*parts: str | bytes) -> str:
+    h = hashlib.sha256(RECIPE.encode())
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:12]
+
+
+def _tree_hash(root: Path, pattern: str = "**/*") -> str:
+    h = hashlib.sha256()
+    for path in sorted(root.glob(pattern)):
+        if path.is_file() and "__pycache__" not in path.parts:
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _run(argv: list[str], **kw: object) -> None:
+    say("$ " + " ".join(argv))
+    subprocess.run(argv, check=True, **kw)  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class Image:
+    tag: str
+    layers: list[Layer]
+    config: bytes
+
+    @property
+    def config_digest(self) -> str:
+        return "sha256:" + hashlib.sha256(self.config).hexdigest()
+
+    @property
+    def size(self) -> int:
+        return sum(layer.size for layer in self.layers)
+
+
+def _cached_layer(name: str, key: str, make: Callable[[Path], Layer]) -> Layer:
+    """The layer <cache>/layers/<name>-<key>.tar, made by make(out) when missing."""
+    folder = cache_root() / "layers"
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"{name}-{key}.tar"
+    meta = out.with_suffix(".json")
+    if meta.exists() and out.exists():
+        layer = Layer.from_json(json.loads(meta.read_text()))
+        if layer.path == out and out.stat().st_size == layer.size:
+            say(f"layer {name}-{key}: cached ({layer.size / 2**20:.0f} MiB)")
+            return layer
+    started = time.monotonic()
+    say(f"layer {name}-{key}: building ...")
+    layer = make(out)
+    meta.write_text(json.dumps(layer.to_json()) + "\n")
+    say(
+        f"layer {name}-{key}: built in {time.monotonic() - started:.0f}s "
+        f"({layer.size / 2**20:.0f} MiB)"
+    )
+    return layer
+
+
+# --- pause -----------------------------------------------------------------------------------
+
+
+def build_pause() -> Image:
+    source = HERE / "pause.c"
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise SystemExit("images: error: gcc is needed for the pause image (apt-get install gcc)")
+    version = subprocess.run([gcc, "--version"], capture_output=True, text=True, check=True)
+    key = _key(source.read_bytes(), version.stdout)
+
+    def make(out: Path) -> Layer:
+        binary = out.with_suffix(".bin")
+        _run([gcc, "-static", "-Os", "-s", "-o", str(binary), str(source)])
+        layer = layer_from_files({"pause": (binary.read_bytes(), 0o755)}, out)
+        binary.unlink()
+        return layer
+
+    layer = _cached_layer("pause", key, make)
+    config = image_config([layer], entrypoint=["/pause"], user="65535:65535")
+    return Image(PAUSE_TAG, [layer], config)
+
+
+# --- Debian rootfs ---------------------------------------------------------------------------
+
+
+def apt_mirror() -> tuple[str, str]:
+    """(mirror URI, suite) of this machine's main Debian source (deb822 or one-line format)."""
+    suite = ""
+    for line in Path("/etc/os-release").read_text().splitlines():
+        if line.startswith("VERSION_CODENAME="):
+            suite = line.split("=", 1)[1].strip().strip('"')
+    sources = sorted(Path("/etc/apt/sources.list.d").glob("*.sources"))
+    for path in sources:
+        for stanza in re.split(r"\n\s*\n", path.read_text()):
+            fields: dict[str, str] = {}
+            for line in stanza.splitlines():
+                if ":" in line and not line.startswith(("#", " ")):
+                    k, v = line.split(":", 1)
+                    fields[k.strip().lower()] = v.strip()
+            suites = fields.get("suites", "").split()
+            if "deb" in fields.get("types", "").split() and suite in suites:
+                return fields["uris"].split()[0], suite
+    for path in [Path("/etc/apt/sources.list"), *Path("/etc/apt/sources.list.d").glob("*.list")]:
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            words = re.sub(r"\[[^]]*\]", "", line).split()
+            if len(words) >= 3 and words[0] == "deb" and words[2] == suite:
+                return words[1], suite
+    raise SystemExit(f"images: error: no 'deb' source for suite {suite!r} in /etc/apt")
+
+
+def _chroot_env() -> dict[str, str]:
+    return {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": "/root",
+        "LANG": "C.UTF-8",
+        "DEBIAN_FRONTEND": "noninteractive",
+    }
+
+
+def build_base() -> Layer:
+    """Debian minbase + python3 + a uid-1000 user, as one layer (debootstrap, the slow part)."""
+    mirror, suite = apt_mirror()
+    key = _key("base", mirror, suite, ",".join(PY_PACKAGES))
+
+    def make(out: Path) -> Layer:
+        if shutil.which("debootstrap") is None:
+            raise SystemExit("images: error: debootstrap missing (apt-get install -y debootstrap)")
+        rootfs = out.with_suffix(".rootfs")
+        shutil.rmtree(rootfs, ignore_errors=True)
+        _run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(PY_PACKAGES)}",
+                suite,
+                str(rootfs),
+                mirror,
+            ]
+        )
+        env = _chroot_env()
+        _run(
+            ["chroot", str(rootfs), "useradd", "--uid", "1000", "--create-home", "elastra"], env=env
+        )
+        _run(["chroot", str(rootfs), "apt-get", "clean"], env=env)
+        for sub in ("var/lib/apt/lists", "var/cache/apt", "var/log", "tmp"):
+            shutil.rmtree(rootfs / sub, ignore_errors=True)
+            (rootfs / sub).mkdir(parents=True, exist_ok=True)
+        (rootfs / "tmp").chmod(0o1777)
+        # The image's resolv.conf and hosts are bind-mounted by the runtime.
+        for name in ("etc/resolv.conf", "etc/hostname"):
+            (rootfs / name).unlink(missing_ok=True)
+        layer = layer_from_dir(rootfs, out, excludes=("dev/*", "proc/*", "sys/*"))
+        shutil.rmtree(rootfs)
+        return layer
+
+    return _cached_layer("base", key, make)
+
+
+def download_wheels(name: str, requirements: list[str]) -> Path:
+    """pip download (binary wheels only, constraints.txt pins) into the cache; reused when warm."""
+    constraints = (REPO / "constraints.txt").read_bytes()
+    key = _key("wheels", name, " ".join(requirements), constraints, sys.version.split()[0])
+    folder = cache_root() / "wheels" / f"{name}-{key}"
+    done = folder / ".complete"
+    if done.exists():
+        say(f"wheels {name}-{key}: cached ({len(list(folder.glob('*.whl')))} wheels)")
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--progress-bar",
+            "off",
+            "--only-binary=:all:",
+            "-c",
+            str(REPO / "constraints.txt"),
+            "-d",
+            str(folder),
+            "pip",
+            *requirements,
+        ]
+    )
+    done.write_text("")
+    say(f"wheels {name}-{key}: downloaded in {time.monotonic() - started:.0f}s")
+    return folder
+
+
+def _wheel_hash(folder: Path) -> str:
+    return _key(*sorted(p.name for p in folder.glob("*.whl")))
+
+
+def build_site_layer(name: str, base: Layer, wheels: Path, requirements: list[str]) -> Layer:
+    """/usr/local/lib/python3.*/dist-packages from `pip install --no-index` run in the chroot."""
+    key = _key("site", base.digest, _wheel_hash(wheels), " ".join(requirements))
+
+    def make(out: Path) -> Layer:
+        work = out.with_suffix(".work")
+        shutil.rmtree(work, ignore_errors=True)
+        rootfs, site = work / "rootfs", work / "usr-local"
+        rootfs.mkdir(parents=True)
+        site.mkdir()
+        _run(["tar", "-C", str(rootfs), "--numeric-owner", "-xf", str(base.path)])
+        mounts = [(site, rootfs / "usr" / "local"), (wheels, rootfs / "wheels")]
+        (rootfs / "wheels").mkdir()
+        for src, dst in mounts:
+            _run(["mount", "--bind", str(src), str(dst)])
+        try:
+            pip = sorted((rootfs / "wheels").glob("pip-*.whl"))[-1].name
+            _run(
+                [
+                    "chroot",
+                    str(rootfs),
+                    "python3",
+                    f"/wheels/{pip}/pip",
+                    "install",
+                    "--no-index",
+                    "--find-links=/wheels",
+                    "--no-cache-dir",
+                    "--no-compile",
+                    "--prefix=/usr/local",
+                    "--break-system-packages",
+                    "--root-user-action=ignore",
+                    "--disable-pip-version-check",
+                    *requirements,
+                ],
+                env=_chroot_env(),
+            )
+        finally:
+            for _, dst in reversed(mounts):
+                subprocess.run(["umount", str(dst)], check=False)
+        staged = work / "layer" / "usr" / "local"
+        staged.parent.mkdir(parents=True)
+        site.rename(staged)
+        layer = layer_from_dir(work / "layer", out)
+        shutil.rmtree(work)
+        return layer
+
+    return _cached_layer(f"{name}-site", key, make)
+
+
+def build_python() -> Image:
+    """The base layer alone (Debian + python3): a small image for node and network tests."""
+    base = build_base()
+    config = image_config([base], cmd=["python3"], user="1000", workdir="/home/elastra")
+    return Image(PYTHON_TAG, [base], config)
+
+
+WORKER_REQUIREMENTS = ["torch", "numpy", "prometheus-client"]
+
+
+def build_worker() -> Image:
+    base = build_base()
+    wheels = download_wheels("worker", WORKER_REQUIREMENTS)
+    site = build_site_layer("worker", base, wheels, WORKER_REQUIREMENTS)
+    src = REPO / "worker_image"
+    key = _key("worker-app", _tree_hash(src / "elastra_worker"), _tree_hash(src / "examples"))
+
+    def make(out: Path) -> Layer:
+        files: dict[str, tuple[bytes, int]] = {}
+        for sub in ("elastra_worker", "examples"):
+            for path in sorted((src / sub).rglob("*")):
+                if path.is_file() and "__pycache__" not in path.parts:
+                    rel = path.relative_to(src)
+                    files[f"opt/elastra/{rel}"] = (path.read_bytes(), 0o644)
+        return layer_from_files(files, out)
+
+    app = _cached_layer("worker-app", key, make)
+    layers = [base, site, app]
+    config = image_config(
+        layers,
+        entrypoint=["python3", "-m", "elastra_worker.cli", "run", "--"],
+        cmd=["python3", "/opt/elastra/examples/train_tiny_gpt.py"],
+        env=[
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "PYTHONPATH=/opt/elastra",
+            "PYTHONUNBUFFERED=1",
+        ],
+        user="1000",
+        workdir="/home/elastra",
+        exposed_ports=["9400/tcp"],
+    )
+    return Image(WORKER_TAG, layers, config)
+
+
+def build_operator() -> Image:
+    """The operator: the base rootfs plus the elastra wheel and its dependencies (no torch)."""
+    base = build_base()
+    sources = _key(
+        _tree_hash(REPO / "operator" / "elastra"),
+        (REPO / "pyproject.toml").read_bytes(),
+    )
+    wheels = download_wheels(
+        "operator", ["pydantic", "pyyaml", "kopf", "kubernetes", "prometheus-client"]
+    )
+    own = cache_root() / "wheels" / f"elastra-{sources}"
+    if not (own / ".complete").exists():
+        own.mkdir(parents=True, exist_ok=True)
+        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(own), str(REPO)])
+        (own / ".complete").write_text("")
+    for whl in own.glob("elastra-*.whl"):
+        shutil.copy2(whl, wheels / whl.name)
+    site = build_site_layer("operator", base, wheels, ["elastra"])
+    config = image_config(
+        [base, site],
+        entrypoint=["elastra", "run"],
+        env=["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+        user="1000",
+        workdir="/home/elastra",
+    )
+    return Image(OPERATOR_TAG, [base, site], config)
+
+
+BUILDERS: dict[str, Callable[[], Image]] = {
+    "pause": build_pause,
+    "python": build_python,
+    "worker": build_worker,
+    "operator": build_operator,
+}
+
+
+def save(image: Image, out: Path) -> None:
+    """Write the image as a docker-archive tarball."""
+    tmp = out.with_name(out.name + ".tmp")
+    with tmp.open("wb") as dst:
+        write_archive(dst, tag=image.tag, layers=image.layers, config=image.config)
+    tmp.replace(out)
+
+
+def import_image(image: Image, *, address: str, ctr: str = "ctr") -> None:
+    """Stream the image into containerd (namespace k8s.io); skip when that config is there."""
+    probe = subprocess.run(
+        [ctr, f"--address={address}", "-n", "k8s.io", "images", "ls", f"name=={image.tag}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    marker = cache_root() / "imported" / hashlib.sha256(address.encode()).hexdigest()[:12]
+    marker.mkdir(parents=True, exist_ok=True)
+    record = marker / (image.tag.replace("/", "_").replace(":", "_") + ".json")
+    lines = probe.stdout.splitlines()[1:]
+    if lines and record.exists():
+        digest = lines[0].split()[2]
+        if json.loads(record.read_text()) == {"config": image.config_digest, "manifest": digest}:
+            say(f"{image.tag}: already in {address}")
+            return
+    started = time.monotonic()
+    say(f"{image.tag}: importing {image.size / 2**20:.0f} MiB into {address} ...")
+    proc = subprocess.Popen(
+        [ctr, f"--address={address}", "-n", "k8s.io", "images", "import", "-"],
+        stdin=subprocess.PIPE,
+    )
+    assert proc.stdin is not None
+    try:
+        write_archive(proc.stdin, tag=image.tag, layers=image.layers, config=image.config)
+    finally:
+        proc.stdin.close()
+    if proc.wait() != 0:
+        raise SystemExit(f"images: error: ctr import of {image.tag} failed")
+    probe = subprocess.run(
+        [ctr, f"--address={address}", "-n", "k8s.io", "images", "ls", f"name=={image.tag}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    digest = probe.stdout.splitlines()[1].split()[2]
+    record.write_text(json.dumps({"config": image.config_digest, "manifest": digest}))
+    say(f"{image.tag}: imported in {time.monotonic() - started:.0f}s")

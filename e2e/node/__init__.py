@@ -1,0 +1,1 @@
+"""A real node on this machine (containerd, CNI, kubelet, kube-proxy): see node.py."""
