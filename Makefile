@@ -40,9 +40,16 @@ CLUSTER_PY = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 toolchain: ## Build (or reuse from cache) etcd, kube-*, kubectl, kubelet, kwok, helm from Go modules
 	@e2e/toolchain/build.sh >/dev/null
 
+REAL_NODE ?=
+NODE_IMAGES ?= python,worker
+
 .PHONY: cluster-up
-cluster-up: $(STAMP) toolchain ## Start the local control plane + kwok nodes (FLEET=hetero-small)
-	$(BIN)/python -m e2e.cluster up --fleet $(FLEET)
+cluster-up: $(STAMP) toolchain ## Start the local control plane + kwok nodes (FLEET=hetero-small; REAL_NODE=1: + a real node)
+	$(BIN)/python -m e2e.cluster up --fleet $(FLEET)$(if $(REAL_NODE), --real-node --images $(NODE_IMAGES))
+
+.PHONY: images
+images: $(STAMP) ## Build (or reuse from cache) the pause, python, worker and operator images, no registry
+	$(BIN)/python -m e2e.images build pause python worker operator
 
 .PHONY: cluster-down
 cluster-down: ## Stop exactly the processes cluster-up started

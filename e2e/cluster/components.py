@@ -19,7 +19,7 @@ import yaml
 from . import procs
 from .api import WaitTimeoutError, probe_http_health, probe_https_health, wait_for
 from .fleet import KWOK_ANNOTATION
-from .pki import Pki
+from .pki import Pki, ensure_client_cert
 from .state import ClusterError, Layout, State, admin_api
 
 STAGES = Path(__file__).resolve().parent / "kwok-stages.yaml"
@@ -191,6 +191,16 @@ def start_apiserver(ctx: Ctx) -> None:
         reconciler = "--endpoint-reconciler-type=lease"
         # The kubelet (system:node:<name>) is authorised by the Node authorizer.
         authz = "--authorization-mode=Node,RBAC"
+        # kubectl logs/exec go API server -> kubelet, which checks a client cert from the CA.
+        ensure_client_cert(
+            pki, "apiserver-kubelet", "kube-apiserver-kubelet-client", "system:masters"
+        )
+        addresses += [
+            f"--kubelet-client-certificate={pki.client_cert('apiserver-kubelet')}",
+            f"--kubelet-client-key={pki.client_key('apiserver-kubelet')}",
+            f"--kubelet-certificate-authority={pki.ca_cert}",
+            "--kubelet-preferred-address-types=InternalIP",
+        ]
     else:
         service_cidr = SERVICE_CIDR
         addresses = ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"]

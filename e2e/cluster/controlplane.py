@@ -141,6 +141,10 @@ def _up(
             raise ClusterError(
                 "the running cluster has no real node; stop it (down) and start it again"
             )
+        if state.real_node and images:
+            real_node_mod.import_images(
+                real_node_mod.NodeLayout(Path(state.real_node["root"])), list(images)
+            )
         if fleet and fleet != state.fleet:
             _apply_fleet(fleet, layout, replace=False, timeout=300)
         return False

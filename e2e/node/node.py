@@ -93,6 +93,37 @@ class NodeLayout:
         return self.root / "etc"
 
 
+# One real node per machine: its kubelet owns /sys/fs/cgroup/*/kubepods, and the bridge, the
+# routes and the FORWARD rule are machine-wide. The node that runs is recorded here.
+CLAIM = Path("/run/elastra-real-node.json")
+
+
+def claim(layout: Layout) -> None:
+    """Record that layout's cluster runs this machine's real node; refuse if another one does."""
+    try:
+        raw = json.loads(CLAIM.read_text())
+    except (FileNotFoundError, ValueError):
+        raw = None
+    if raw and raw.get("cluster") != str(layout.root):
+        owner = procs.Daemon.from_json(raw["containerd"]) if raw.get("containerd") else None
+        if owner is not None and procs.is_running(owner):
+            raise ClusterError(
+                f"a real node already runs on this machine for the cluster in {raw['cluster']} "
+                "(one per machine: cgroups, bridge and routes are shared); stop that cluster first"
+            )
+    CLAIM.write_text(json.dumps({"cluster": str(layout.root), "containerd": None}))
+
+
+def _record_claim(layout: Layout, containerd: procs.Daemon) -> None:
+    CLAIM.write_text(json.dumps({"cluster": str(layout.root), "containerd": containerd.to_json()}))
+
+
+def release(layout: Layout) -> None:
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        if json.loads(CLAIM.read_text()).get("cluster") == str(layout.root):
+            CLAIM.unlink()
+
+
 def _need(tool: str, package: str) -> str:
     path = shutil.which(tool)
     if path is None:
@@ -380,10 +411,13 @@ def _node_ready(api: Api, name: str) -> bool:
 
 def start(layout: Layout, state: State, bindir: Path, *, images: list[str]) -> dict[str, Any]:
     """Start containerd, import images, start kubelet + kube-proxy; wait for the node Ready."""
+    if os.geteuid() != 0:
+        raise ClusterError("a real node needs root (containerd, iptables, routes, cgroups)")
     nl = NodeLayout(layout.root / "node")
     nl.etc.mkdir(parents=True, exist_ok=True)
     _need("iptables", "iptables")
     _need("conntrack", "conntrack")
+    claim(layout)
     ip = node_ip()
     info: dict[str, Any] = {"name": node_name(), "ip": ip, "root": str(nl.root)}
     state.real_node = info
@@ -391,7 +425,7 @@ def start(layout: Layout, state: State, bindir: Path, *, images: list[str]) -> d
     guard_network(info)
     state.save(layout)
     started = time.monotonic()
-    start_containerd(nl, state, layout)
+    _record_claim(layout, start_containerd(nl, state, layout))
     say(f"containerd on {nl.sock}: ok ({time.monotonic() - started:.1f}s)")
     import_images(nl, ["pause", *[i for i in images if i != "pause"]])
     names = ["kubelet", "kubelet_healthz", "proxy_healthz", "proxy_metrics"]
@@ -434,8 +468,8 @@ def _ctr(nl: NodeLayout, *args: str) -> subprocess.CompletedProcess[str]:
 def teardown(layout: Layout, state: State) -> list[str]:
     """Remove the node's pods, stop its daemons, undo its network changes. Safe to repeat."""
     info = state.real_node
-    if not info:
-        return []
+    if not info or "root" not in info:
+        return []  # the node never claimed this machine: nothing of ours to undo
     nl = NodeLayout(Path(info["root"]))
     stopped: list[str] = []
     by_name = {d.name: d for d in state.daemons}
@@ -490,10 +524,35 @@ def teardown(layout: Layout, state: State) -> list[str]:
     if proxy.exists():
         _sh([str(proxy), "--cleanup", "--v=0"], check=False)
     _sh(["ip", "link", "del", BRIDGE], check=False)
+    _remove_kubelet_chains()
     unguard_network(info)
     shutil.rmtree(nl.root / "cni-ipam", ignore_errors=True)
     _unmount_under(nl.root)
+    release(layout)
     return stopped
+
+
+# Chains the kubelet itself adds (kube-proxy --cleanup leaves them).
+KUBELET_CHAINS = {
+    "filter": ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY"),
+    "nat": ("KUBE-KUBELET-CANARY",),
+    "mangle": ("KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT"),
+}
+
+
+def _remove_kubelet_chains() -> None:
+    for tool in ("iptables", "ip6tables"):
+        if shutil.which(tool) is None:
+            continue
+        for table, chains in KUBELET_CHAINS.items():
+            for parent in ("INPUT", "OUTPUT", "FORWARD"):
+                for chain in chains:
+                    jump = [tool, "-t", table, "-D", parent, "-j", chain]
+                    while _sh(jump, check=False).returncode == 0:
+                        pass
+            for chain in chains:
+                _sh([tool, "-t", table, "-F", chain], check=False)
+                _sh([tool, "-t", table, "-X", chain], check=False)
 
 
 def _unmount_under(root: Path) -> None:
