@@ -1,0 +1,349 @@
+"""`helm install` of the chart on the real control plane.
+
+Why: the unit tests read the rendered chart; here the API server itself judges it. It admits
+the operator pod into a namespace that enforces Pod Security "restricted", its authorizer
+grants the operator's service account exactly the reviewed golden permissions (and denies
+secrets, exec and node writes), an operator running with that service account's token does
+its job without a single "forbidden", and `helm uninstall` leaves nothing behind. No image
+exists and no real node runs the operator pod, so the installed pod stays Pending: the
+operator runs as a local process that logs in as the chart's service account instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e.cluster.api import wait_for
+
+from tests.integration.conftest import FAKE_NODE_TOLERATION, Cluster, fresh_namespace
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "elastra"
+GOLDEN_RBAC = ROOT / "tests" / "unit" / "golden" / "operator-rbac.yaml"
+LEASE = "elastra-operator"
+# What `helm uninstall` must remove, by kind (cluster-scoped kinds are listed without -A).
+RELEASE_KINDS = (
+    "deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,kopfpeerings",
+    "clusterroles,clusterrolebindings,clusterkopfpeerings",
+)
+
+
+@dataclass(frozen=True)
+class Release:
+    """One installed release: its name, namespace, the objects' full name, the SA."""
+
+    name: str
+    namespace: str
+
+    @property
+    def fullname(self) -> str:
+        return f"{self.name}-elastra"
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.fullname}"
+
+
+def helm(cluster: Cluster, *args: str) -> str:
+    out = subprocess.run(
+        [str(cluster.bindir / "helm"), f"--kubeconfig={cluster.kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed: {out.stderr.strip()}")
+    return out.stdout
+
+
+def restricted_namespace(cluster: Cluster) -> contextlib.AbstractContextManager[str]:
+    """A fresh namespace that enforces Pod Security "restricted" (latest)."""
+    return _labelled(cluster, {"pod-security.kubernetes.io/enforce": "restricted"})
+
+
+@contextlib.contextmanager
+def _labelled(cluster: Cluster, labels: dict[str, str]) -> Iterator[str]:
+    with fresh_namespace(cluster) as name:
+        cluster.kubectl("label", "namespace", name, *(f"{k}={v}" for k, v in labels.items()))
+        yield name
+
+
+@contextlib.contextmanager
+def installed(cluster: Cluster, namespace: str, *sets: str) -> Iterator[Release]:
+    """`helm install` a release with a unique name; uninstalled afterwards if still there."""
+    release = Release(name=f"it{uuid.uuid4().hex[:6]}", namespace=namespace)
+    set_args = [f"--set={s}" for s in sets]
+    helm(cluster, "install", release.name, str(CHART), f"--namespace={namespace}", *set_args)
+    try:
+        yield release
+    finally:
+        names = helm(cluster, "list", f"--namespace={namespace}", "--short")
+        if release.name in names.split():
+            helm(cluster, "uninstall", release.name, f"--namespace={namespace}", "--wait")
+
+
+def leftovers(cluster: Cluster, release: Release) -> list[str]:
+    """Objects labelled with the release, in any namespace or cluster-wide."""
+    selector = f"app.kubernetes.io/instance={release.name}"
+    found = []
+    for kinds, scope in zip(RELEASE_KINDS, (["-A"], []), strict=True):
+        out = cluster.kubectl("get", kinds, *scope, "-l", selector, "-o", "name")
+        found += out.stdout.split()
+    return found
+
+
+def access_reviews(
+    cluster: Cluster, release: Release, attributes: list[dict[str, str]]
+) -> list[bool]:
+    """One SubjectAccessReview per attribute set, as the release's service account; allowed?"""
+    groups = [
+        "system:serviceaccounts",
+        f"system:serviceaccounts:{release.namespace}",
+        "system:authenticated",
+    ]
+    reviews = {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {"user": release.user, "groups": groups, "resourceAttributes": attrs},
+            }
+            for attrs in attributes
+        ],
+    }
+    out = cluster.kubectl("create", "-f", "-", "-o", "json", stdin=json.dumps(reviews)).stdout
+    decoder, answers, pos = json.JSONDecoder(), [], 0
+    while pos < len(out):
+        if out[pos].isspace():
+            pos += 1
+            continue
+        review, pos = decoder.raw_decode(out, pos)
+        answers.append(bool(review["status"].get("allowed")))
+    assert len(answers) == len(attributes)
+    return answers
+
+
+def golden_attributes(release: Release) -> list[dict[str, str]]:
+    """Every (verb, resource, name) the golden list grants, for this release."""
+    golden = yaml.safe_load(GOLDEN_RBAC.read_text())
+    scoped = [(rule, "other-namespace") for rule in golden["clusterRole"]]
+    scoped += [(rule, release.namespace) for rule in golden["leaseRole"]]
+    attributes = []
+    for rule, namespace in scoped:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                kind, _, sub = resource.partition("/")
+                for verb in rule["verbs"]:
+                    for listed in rule.get("resourceNames") or [""]:
+                        # The peering object is named after the release ("elastra" there).
+                        name = release.fullname if listed == "elastra" else listed
+                        attrs = {"verb": verb, "group": group, "resource": kind}
+                        attrs |= {"subresource": sub} if sub else {}
+                        attrs |= {"name": name} if name else {}
+                        attrs |= {"namespace": namespace}
+                        attributes.append(attrs)
+    return attributes
+
+
+DENIED = [
+    {"verb": "get", "resource": "secrets", "namespace": "kube-system"},
+    {"verb": "list", "resource": "secrets"},
+    {"verb": "create", "resource": "pods", "subresource": "exec", "namespace": "default"},
+    {"verb": "get", "resource": "pods", "subresource": "log", "namespace": "default"},
+    {"verb": "update", "resource": "pods", "namespace": "default"},
+    {"verb": "patch", "resource": "nodes"},
+    {"verb": "delete", "resource": "nodes"},
+    {"verb": "update", "resource": "nodes", "subresource": "status"},
+    {"verb": "delete", "group": "elastra.dev", "resource": "trainingjobs"},
+    {"verb": "update", "group": "elastra.dev", "resource": "trainingjobs"},
+    {"verb": "patch", "group": "elastra.dev", "resource": "trainingjobs", "subresource": "scale"},
+    {"verb": "get", "resource": "configmaps", "namespace": "default"},
+    {"verb": "delete", "resource": "services", "namespace": "default"},
+    {"verb": "create", "group": "rbac.authorization.k8s.io", "resource": "clusterroles"},
+    {"verb": "impersonate", "resource": "serviceaccounts"},
+    {"verb": "create", "group": "apiextensions.k8s.io", "resource": "customresourcedefinitions"},
+    {"verb": "patch", "group": "kopf.dev", "resource": "clusterkopfpeerings", "name": "other"},
+    {
+        "verb": "update",
+        "group": "coordination.k8s.io",
+        "resource": "leases",
+        "name": "other",
+        "namespace": "kube-system",
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def release(cluster: Cluster) -> Iterator[Release]:
+    """The chart with default values, in a namespace enforcing Pod Security "restricted"."""
+    with restricted_namespace(cluster) as namespace, installed(cluster, namespace) as found:
+        yield found
+
+
+def test_install_creates_the_operator_its_rbac_and_crds(cluster: Cluster, release: Release) -> None:
+    ns = ["-n", release.namespace]
+    deployment = cluster.get("deployment", release.fullname, *ns)
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    cluster.get("serviceaccount", release.fullname, *ns)
+    cluster.get("service", f"{release.fullname}-metrics", *ns)
+    cluster.get("role,rolebinding", f"{release.fullname}-lease", *ns)
+    cluster.get("clusterrole,clusterrolebinding", release.fullname)
+    cluster.get("clusterkopfpeering", release.fullname)
+    for crd in (
+        "trainingjobs.elastra.dev",
+        "clusterkopfpeerings.kopf.dev",
+        "kopfpeerings.kopf.dev",
+    ):
+        cluster.get("crd", crd)
+
+
+def test_operator_pod_is_admitted_under_pod_security_restricted(
+    cluster: Cluster, release: Release
+) -> None:
+    selector = f"app.kubernetes.io/instance={release.name}"
+
+    def pod() -> str | None:
+        pods = cluster.get("pods", "-n", release.namespace, "-l", selector)["items"]
+        return pods[0]["metadata"]["name"] if pods else None
+
+    def why() -> str:
+        return cluster.kubectl(
+            "get", "events", "-n", release.namespace, "--field-selector=type=Warning"
+        ).stdout
+
+    wait_for("the operator pod to be created", pod, timeout=60, interval=0.5, hint=why)
+
+
+def test_service_account_holds_exactly_the_golden_permissions(
+    cluster: Cluster, release: Release
+) -> None:
+    granted = golden_attributes(release)
+    allowed = access_reviews(cluster, release, granted + DENIED)
+    missing = [a for a, ok in zip(granted, allowed, strict=False) if not ok]
+    extra = [a for a, ok in zip(DENIED, allowed[len(granted) :], strict=True) if ok]
+    assert missing == [], "golden permissions not granted"
+    assert extra == [], "permissions granted beyond the golden list"
+    can_i = cluster.kubectl(
+        "auth", "can-i", "get", "secrets", "-A", f"--as={release.user}", check=False
+    )
+    assert can_i.stdout.strip() == "no"
+
+
+def sa_kubeconfig(cluster: Cluster, release: Release, path: Path) -> Path:
+    """A kubeconfig that logs in with a token of the release's service account."""
+    token = cluster.kubectl(
+        "create", "token", release.fullname, "-n", release.namespace, "--duration=10m"
+    ).stdout.strip()
+    view = yaml.safe_load(cluster.kubectl("config", "view", "--minify", "--raw").stdout)
+    server = view["clusters"][0]["cluster"]
+    ca = path.parent / "ca.crt"
+    if "certificate-authority-data" in server:
+        ca.write_bytes(base64.b64decode(server["certificate-authority-data"]))
+    else:
+        ca.write_bytes(Path(server["certificate-authority"]).read_bytes())
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "c", "cluster": {"server": server["server"], "certificate-authority": str(ca)}}
+        ],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}],
+        "current-context": "sa",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def cpu_job(name: str) -> dict[str, Any]:
+    """A small CPU TrainingJob for the fake nodes."""
+    return {
+        "apiVersion": "elastra.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 2,
+            "minReplicas": 1,
+            "maxReplicas": 2,
+            "worker": {
+                "gpus": 0,
+                "image": "elastra-worker:dev",
+                "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}},
+            },
+            "training": {"globalBatchSize": 8},
+        },
+    }
+
+
+@pytest.mark.slow
+def test_operator_works_with_the_chart_rbac_and_uninstall_leaves_nothing(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    with (
+        restricted_namespace(cluster) as home,
+        fresh_namespace(cluster) as jobs,
+        installed(cluster, home, f"watchNamespace={jobs}") as rel,
+    ):
+        kubeconfig = sa_kubeconfig(cluster, rel, tmp_path / "sa.kubeconfig")
+        toleration = "{key}={value}:{effect}".format(**FAKE_NODE_TOLERATION)
+        log = tmp_path / "operator.log"
+        command = [
+            sys.executable, "-m", "elastra.cli", "run",
+            f"--kubeconfig={kubeconfig}", f"--namespace={jobs}",
+            f"--peering={rel.fullname}", "--priority=100",
+            f"--toleration={toleration}", "--metrics-port=0", "--health-port=0",
+            "--log-format=plain", "--resync-seconds=2", "--grace-seconds=0",
+            "--settle-seconds=0", "--cooldown-seconds=0", "--retire-timeout-seconds=1",
+        ]  # fmt: skip
+        with log.open("w") as out:
+            operator = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "POD_NAMESPACE": home, "PYTHONUNBUFFERED": "1"},
+            )
+        try:
+            cluster.apply(cpu_job("rbac"), namespace=jobs)
+
+            def workers() -> int:
+                pods = cluster.get("pods", "-n", jobs, "-l", "elastra.dev/job=rbac")["items"]
+                return len([p for p in pods if not p["metadata"].get("deletionTimestamp")])
+
+            wait_for("2 workers", lambda: workers() == 2, timeout=60, interval=0.5,
+                     hint=lambda: log.read_text()[-3000:])  # fmt: skip
+            cluster.kubectl("scale", "trainingjob/rbac", "-n", jobs, "--replicas=1")
+            wait_for("1 worker", lambda: workers() == 1, timeout=60, interval=0.5,
+                     hint=lambda: log.read_text()[-3000:])  # fmt: skip
+            cluster.get("service", "rbac", "-n", jobs)
+            status = cluster.get("trainingjob", "rbac", "-n", jobs).get("status") or {}
+            assert status.get("world", {}).get("size") == 1, status
+            peers = cluster.get("kopfpeering", rel.fullname, "-n", jobs).get("status") or {}
+            assert [p["priority"] for p in peers.values()] == [100], peers
+        finally:
+            operator.terminate()
+            operator.wait(timeout=30)
+        text = log.read_text()
+        assert "forbidden" not in text.lower() and " 403" not in text, text
+        helm(cluster, "uninstall", rel.name, f"--namespace={home}", "--wait")
+        wait_for(
+            "nothing left of the release",
+            lambda: leftovers(cluster, rel) == [],
+            timeout=60,
+            interval=0.5,
+            hint=lambda: " ".join(leftovers(cluster, rel)),
+        )
