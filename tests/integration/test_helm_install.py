@@ -84,7 +84,9 @@ def _labelled(cluster: Cluster, labels: dict[str, str]) -> Iterator[str]:
 def installed(cluster: Cluster, namespace: str, *sets: str) -> Iterator[Release]:
     """`helm install` a release with a unique name; uninstalled afterwards if still there."""
     release = Release(name=f"it{uuid.uuid4().hex[:6]}", namespace=namespace)
-    set_args = [f"--set={s}" for s in sets]
+    # The installed operator pod must never run (a real node may have the image): it would
+    # reconcile other tests' jobs. It only has to be admitted.
+    set_args = [f"--set={s}" for s in (*sets, "nodeSelector.elastra\\.dev/helm-test=never")]
     helm(cluster, "install", release.name, str(CHART), f"--namespace={namespace}", *set_args)
     try:
         yield release

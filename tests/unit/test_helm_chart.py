@@ -244,7 +244,7 @@ def test_deployment_runs_one_operator_with_probes_and_resources(default: list[Ma
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     c = container(deployment)
-    assert c["image"] == "elastra-operator:dev"
+    assert c["image"] == "elastra.local/elastra-operator:dev"
     assert c["imagePullPolicy"] == "IfNotPresent"
     assert c["command"] == ["elastra", "run"]
     assert c["args"] == [
