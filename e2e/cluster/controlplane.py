@@ -167,6 +167,10 @@ def _up(
         owner=owner,
     )
     if real_node:
+        holder = real_node_mod.claim_holder()
+        if holder is not None and holder != layout.root and orphaned(Layout(holder)):
+            say(f"stopping the real node a killed test run left in {holder}")
+            down(Layout(holder))
         # Recorded before the API server starts: it then listens on the node's address too.
         state.real_node = {"ip": real_node_mod.node_ip(), "pending": True}
     state.save(layout)

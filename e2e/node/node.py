@@ -18,6 +18,7 @@ Guarantees:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -98,20 +99,54 @@ class NodeLayout:
 CLAIM = Path("/run/elastra-real-node.json")
 
 
-def claim(layout: Layout) -> None:
-    """Record that layout's cluster runs this machine's real node; refuse if another one does."""
+def _claimed_by_other(layout: Layout) -> str | None:
     try:
         raw = json.loads(CLAIM.read_text())
     except (FileNotFoundError, ValueError):
-        raw = None
-    if raw and raw.get("cluster") != str(layout.root):
-        owner = procs.Daemon.from_json(raw["containerd"]) if raw.get("containerd") else None
-        if owner is not None and procs.is_running(owner):
-            raise ClusterError(
-                f"a real node already runs on this machine for the cluster in {raw['cluster']} "
-                "(one per machine: cgroups, bridge and routes are shared); stop that cluster first"
-            )
-    CLAIM.write_text(json.dumps({"cluster": str(layout.root), "containerd": None}))
+        return None
+    if raw.get("cluster") == str(layout.root):
+        return None
+    owner = procs.Daemon.from_json(raw["containerd"]) if raw.get("containerd") else None
+    if owner is not None and procs.is_running(owner):
+        return str(raw["cluster"])
+    # Starting up (no containerd yet) counts for a minute; after that the claim is stale.
+    fresh = time.time() - CLAIM.stat().st_mtime < 60
+    return str(raw["cluster"]) if owner is None and fresh else None
+
+
+def claim_holder() -> Path | None:
+    """The cluster folder recorded as running this machine's real node, if any."""
+    try:
+        return Path(json.loads(CLAIM.read_text())["cluster"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return None
+
+
+def claim(layout: Layout, *, wait: float) -> None:
+    """Record that layout's cluster runs this machine's real node.
+
+    Another cluster's live node is waited for (wait seconds: test runs side by side take
+    turns), then refused with a message naming it.
+    """
+    with (CLAIM.parent / (CLAIM.name + ".lock")).open("w") as handle:
+        deadline = time.monotonic() + wait
+        next_note = 0.0
+        while True:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            other = _claimed_by_other(layout)
+            if other is None:
+                CLAIM.write_text(json.dumps({"cluster": str(layout.root), "containerd": None}))
+                return
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            if time.monotonic() >= deadline:
+                raise ClusterError(
+                    f"a real node already runs on this machine for the cluster in {other} "
+                    "(one per machine: cgroups, bridge and routes are shared); stop it first"
+                )
+            if time.monotonic() >= next_note:
+                say(f"waiting for the real node of {other} to stop (one per machine)")
+                next_note = time.monotonic() + 30
+            time.sleep(2)
 
 
 def _record_claim(layout: Layout, containerd: procs.Daemon) -> None:
@@ -122,6 +157,41 @@ def release(layout: Layout) -> None:
     with contextlib.suppress(FileNotFoundError, ValueError):
         if json.loads(CLAIM.read_text()).get("cluster") == str(layout.root):
             CLAIM.unlink()
+
+
+# Debian packages a real node needs, by the command that shows each is there.
+PACKAGES = {
+    "containerd": "containerd",
+    "runc": "runc",
+    "/usr/lib/cni/bridge": "containernetworking-plugins",
+    "iptables": "iptables",
+    "conntrack": "conntrack",
+    "socat": "socat",
+    "gcc": "gcc",
+    "debootstrap": "debootstrap",
+}
+
+
+def ensure_packages() -> None:
+    """apt-get install what is missing (a fresh machine: `make test` installs what it needs)."""
+    missing = sorted(
+        {
+            pkg
+            for probe, pkg in PACKAGES.items()
+            if not (shutil.which(probe) or Path(probe).exists())
+        }
+    )
+    if not missing:
+        return
+    if shutil.which("apt-get") is None:
+        raise ClusterError(f"missing packages {' '.join(missing)} and no apt-get to install them")
+    say(f"installing {' '.join(missing)} (apt-get) ...")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    argv = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
+    if subprocess.run(argv, env=env, check=False).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], env=env, check=False)
+        if subprocess.run(argv, env=env, check=False).returncode != 0:
+            raise ClusterError(f"apt-get install {' '.join(missing)} failed (see above)")
 
 
 def _need(tool: str, package: str) -> str:
@@ -417,7 +487,10 @@ def start(layout: Layout, state: State, bindir: Path, *, images: list[str]) -> d
     nl.etc.mkdir(parents=True, exist_ok=True)
     _need("iptables", "iptables")
     _need("conntrack", "conntrack")
-    claim(layout)
+    ensure_packages()
+    # Build (or find cached) every image before taking the machine's one real node.
+    built = [BUILDERS[name]() for name in ["pause", *[i for i in images if i != "pause"]]]
+    claim(layout, wait=float(os.environ.get("ELASTRA_REAL_NODE_WAIT", "600")))
     ip = node_ip()
     info: dict[str, Any] = {"name": node_name(), "ip": ip, "root": str(nl.root)}
     state.real_node = info
@@ -427,7 +500,8 @@ def start(layout: Layout, state: State, bindir: Path, *, images: list[str]) -> d
     started = time.monotonic()
     _record_claim(layout, start_containerd(nl, state, layout))
     say(f"containerd on {nl.sock}: ok ({time.monotonic() - started:.1f}s)")
-    import_images(nl, ["pause", *[i for i in images if i != "pause"]])
+    for image in built:
+        import_image(image, address=str(nl.sock))
     names = ["kubelet", "kubelet_healthz", "proxy_healthz", "proxy_metrics"]
     ports = dict(zip(names, free_ports(len(names)), strict=True))
     info["ports"] = ports
