@@ -75,7 +75,8 @@ class Runtime:
             loop.wake.set()
 
     def poke_all(self) -> None:
-        """Wake every job (capacity changed)."""
+        """Wake every job (capacity changed); their next pass lists the cluster afresh."""
+        self.snapshot.invalidate()
         for loop in self.loops.values():
             loop.wake.set()
 
