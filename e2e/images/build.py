@@ -300,6 +300,20 @@ def build_python() -> Image:
     return Image(PYTHON_TAG, [base], config)
 
 
+def build_sitepath_layer() -> Layer:
+    """A .pth that puts /usr/local/lib/python3.*/site-packages on Debian python's sys.path.
+
+    pip --prefix=/usr/local writes site-packages; Debian's python3 only reads dist-packages
+    there. A .pth in /usr/lib/python3/dist-packages survives a pod that sets PYTHONPATH.
+    """
+    line = "/usr/local/lib/python3.11/site-packages\n"
+    key = _key("sitepath", line)
+    name = "usr/lib/python3/dist-packages/00-elastra-usr-local.pth"
+    return _cached_layer(
+        "sitepath", key, lambda out: layer_from_files({name: (line.encode(), 0o644)}, out)
+    )
+
+
 WORKER_REQUIREMENTS = ["torch", "numpy", "prometheus-client"]
 
 
@@ -320,7 +334,7 @@ def build_worker() -> Image:
         return layer_from_files(files, out)
 
     app = _cached_layer("worker-app", key, make)
-    layers = [base, site, app]
+    layers = [base, site, build_sitepath_layer(), app]
     config = image_config(
         layers,
         entrypoint=["python3", "-m", "elastra_worker.cli", "run", "--"],
@@ -355,14 +369,15 @@ def build_operator() -> Image:
     for whl in own.glob("elastra-*.whl"):
         shutil.copy2(whl, wheels / whl.name)
     site = build_site_layer("operator", base, wheels, ["elastra"])
+    layers = [base, site, build_sitepath_layer()]
     config = image_config(
-        [base, site],
+        layers,
         entrypoint=["elastra", "run"],
         env=["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
         user="1000",
         workdir="/home/elastra",
     )
-    return Image(OPERATOR_TAG, [base, site], config)
+    return Image(OPERATOR_TAG, layers, config)
 
 
 BUILDERS: dict[str, Callable[[], Image]] = {
