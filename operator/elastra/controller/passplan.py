@@ -45,6 +45,7 @@ from elastra.controller.planning import (
     cluster_inventory,
     place_new_pods,
     plan_world,
+    type_mismatch,
 )
 from elastra.controller.settings import OperatorSettings
 from elastra.elastic.resize import GrowthEstimate, Reason, ResizeDecision, ResizeInput, decide
@@ -170,17 +171,7 @@ def _impossible(job: TrainingJob, nodes: Sequence[JsonDict]) -> str | None:
     other elastic jobs giving back). One asking for a type the cluster has no node of is not
     admitted until such a node appears.
     """
-    inventory = cluster_inventory(nodes, [])
-    wanted = job.spec.worker.gpu_types
-    if not wanted or job.spec.worker.gpus == 0:
-        return None
-    if any(sharing.compatible(w, str(t.name)) for w in wanted for t in inventory.types()):
-        return None
-    types = ", ".join(sorted(str(t.name) for t in inventory.types())) or "no schedulable nodes"
-    return (
-        f"no schedulable node has a GPU type in worker.gpuTypes ({', '.join(wanted)}); "
-        f"the cluster has {types}"
-    )
+    return type_mismatch(job, cluster_inventory(nodes, []))
 
 
 def _act(

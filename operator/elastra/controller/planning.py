@@ -162,15 +162,21 @@ def place_new_pods(
 
 def _explain(job: TrainingJob, inventory: Inventory, reason: str | None) -> str:
     """The planner's reason, led by the user-level cause when it is a GPU type mismatch."""
+    return type_mismatch(job, inventory) or f"no plan fits: {reason or 'unknown reason'}"
+
+
+def type_mismatch(job: TrainingJob, inventory: Inventory) -> str | None:
+    """Why no node can ever suit the job's ``worker.gpuTypes``, or ``None`` if some can."""
     wanted = job.spec.worker.gpu_types
-    types = sorted({str(node.gpu_type.name) for node in inventory.nodes})
-    allowed = [t for t in inventory.types() if not wanted or any(matches(w, t) for w in wanted)]
-    if wanted and not allowed:
-        return (
-            f"no schedulable node has a GPU type in worker.gpuTypes ({', '.join(wanted)}); "
-            f"the cluster has {', '.join(types) or 'no schedulable nodes'}"
-        )
-    return f"no plan fits: {reason or 'unknown reason'}"
+    if not wanted or job.spec.worker.gpus == 0:
+        return None
+    if any(matches(w, t) for w in wanted for t in inventory.types()):
+        return None
+    types = ", ".join(sorted(str(t.name) for t in inventory.types())) or "no schedulable nodes"
+    return (
+        f"no schedulable node has a GPU type in worker.gpuTypes ({', '.join(wanted)}); "
+        f"the cluster has {types}"
+    )
 
 
 def plan_world(job: TrainingJob, inventory: Inventory, members: Sequence[PodFacts]) -> WorldPlan:
