@@ -396,15 +396,20 @@ def save(image: Image, out: Path) -> None:
     tmp.replace(out)
 
 
-def import_image(image: Image, *, address: str, ctr: str = "ctr") -> None:
-    """Stream the image into containerd (namespace k8s.io); skip when that config is there."""
+def import_image(image: Image, *, address: str, store: str = "", ctr: str = "ctr") -> None:
+    """Stream the image into containerd (namespace k8s.io); skip when that config is there.
+
+    store names containerd's root (what was imported is remembered per store), else address.
+    """
     probe = subprocess.run(
         [ctr, f"--address={address}", "-n", "k8s.io", "images", "ls", f"name=={image.tag}"],
         capture_output=True,
         text=True,
         check=True,
     )
-    marker = cache_root() / "imported" / hashlib.sha256(address.encode()).hexdigest()[:12]
+    marker = (
+        cache_root() / "imported" / hashlib.sha256((store or address).encode()).hexdigest()[:12]
+    )
     marker.mkdir(parents=True, exist_ok=True)
     record = marker / (image.tag.replace("/", "_").replace(":", "_") + ".json")
     lines = probe.stdout.splitlines()[1:]

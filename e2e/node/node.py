@@ -93,6 +93,16 @@ class NodeLayout:
     def etc(self) -> Path:
         return self.root / "etc"
 
+    @property
+    def store(self) -> Path:
+        """containerd's root (content + snapshots), kept across clusters in the cache.
+
+        Only one real node runs per machine (claim), so one store is safe, and a 5 GB worker
+        image is imported once per machine instead of once per cluster (4-5 min each time).
+        """
+        base = os.environ.get("ELASTRA_CACHE") or str(Path.home() / ".cache" / "elastra")
+        return Path(base) / "node" / "containerd-root"
+
 
 # One real node per machine: its kubelet owns /sys/fs/cgroup/*/kubepods, and the bridge, the
 # routes and the FORWARD rule are machine-wide. The node that runs is recorded here.
@@ -215,7 +225,7 @@ def containerd_config(nl: NodeLayout, cni_bin: str, pause_tag: str) -> str:
     r = nl.root
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
-root = "{r / "containerd-root"}"
+root = "{nl.store}"
 state = "{r / "containerd-state"}"
 [grpc]
   address = "{nl.sock}"
@@ -309,7 +319,7 @@ def start_containerd(nl: NodeLayout, state: State, layout: Layout) -> procs.Daem
 
 def import_images(nl: NodeLayout, names: list[str]) -> None:
     for name in names:
-        import_image(BUILDERS[name](), address=str(nl.sock))
+        import_image(BUILDERS[name](), address=str(nl.sock), store=str(nl.store))
 
 
 # --- network guards --------------------------------------------------------------------------
@@ -501,7 +511,7 @@ def start(layout: Layout, state: State, bindir: Path, *, images: list[str]) -> d
     _record_claim(layout, start_containerd(nl, state, layout))
     say(f"containerd on {nl.sock}: ok ({time.monotonic() - started:.1f}s)")
     for image in built:
-        import_image(image, address=str(nl.sock))
+        import_image(image, address=str(nl.sock), store=str(nl.store))
     names = ["kubelet", "kubelet_healthz", "proxy_healthz", "proxy_metrics"]
     ports = dict(zip(names, free_ports(len(names)), strict=True))
     info["ports"] = ports
