@@ -2,7 +2,8 @@
 
 Why: the e2e suite and `make demo` rely on `python -m e2e.cluster up --real-node` (containerd,
 CNI, kubelet, kube-proxy on this machine, images built without a registry). This test starts
-its own cluster with a real node (one per machine), runs pods from the locally built
+its own cluster with a real node (one per machine; a real-node cluster a person started is
+borrowed instead, in a namespace of its own), runs pods from the locally built
 `python` image (Debian + python3, e2e/images) and checks pod IPs, pod-to-pod TCP and a pod
 reaching the API server through the `kubernetes` Service (kube-proxy's translation).
 """
@@ -14,17 +15,18 @@ import json
 import os
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.cluster import Layout, down, up
+from e2e.cluster import Layout, down, is_up, up
 from e2e.cluster.api import wait_for
 from e2e.cluster.components import REAL_NODE_POD_CIDR
 from e2e.cluster.state import State
 from e2e.images.build import PYTHON_TAG
-from e2e.node.node import NODE_LABEL
+from e2e.node.node import NODE_LABEL, claim_holder
 
 # Cold machine: apt packages + debootstrap of the python image (~6 min on 2 busy cores), and up
 # to ELASTRA_REAL_NODE_WAIT (600 s) while another test run holds the machine's one real node.
@@ -72,12 +74,18 @@ open("/dev/termination-log", "w").write(body["gitVersion"])
 
 
 class Kube:
-    def __init__(self, layout: Layout, bindir: Path) -> None:
+    def __init__(self, layout: Layout, bindir: Path, namespace: str) -> None:
         self.kubeconfig = layout.kubeconfig
         self.kubectl_bin = bindir / "kubectl"
+        self.namespace = namespace
 
     def kubectl(self, *args: str, stdin: str | None = None) -> str:
-        cmd = [str(self.kubectl_bin), f"--kubeconfig={self.kubeconfig}", *args]
+        cmd = [
+            str(self.kubectl_bin),
+            f"--kubeconfig={self.kubeconfig}",
+            f"--namespace={self.namespace}",
+            *args,
+        ]
         out = subprocess.run(cmd, input=stdin, capture_output=True, text=True, check=False)
         if out.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
@@ -127,16 +135,43 @@ def _message(pod: dict[str, Any]) -> str:
     return str((state.get("terminated") or {}).get("message", ""))
 
 
+def _borrowable() -> Layout | None:
+    """A running cluster with the machine's real node that a person started (owner "")."""
+    holder = claim_holder()
+    if holder is None:
+        return None
+    layout = Layout(holder)
+    state = State.load(layout)
+    if state is None or state.owner or not state.real_node or not is_up(layout):
+        return None
+    return layout
+
+
 @pytest.fixture(scope="module")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
-    layout = Layout(tmp_path_factory.mktemp("real-node-cluster"))
-    up(layout, fleet=None, owner=f"pid:{os.getpid()}", real_node=True, images=("python",))
+    borrowed = _borrowable()
+    layout = borrowed or Layout(tmp_path_factory.mktemp("real-node-cluster"))
+    if borrowed is None:
+        up(layout, fleet=None, owner=f"pid:{os.getpid()}", real_node=True, images=("python",))
+    else:
+        up(layout, fleet=None, real_node=True, images=("python",))  # imports the image only
+    state = State.load(layout)
+    assert state is not None
+    namespace = f"real-node-{uuid.uuid4().hex[:8]}"
+    kube = Kube(layout, Path(state.bindir), namespace)
     try:
-        state = State.load(layout)
-        assert state is not None
-        yield Kube(layout, Path(state.bindir))
+        kube.kubectl("create", "namespace", namespace)
+        wait_for(
+            "the namespace's default service account",
+            lambda: "default" in kube.kubectl("get", "serviceaccounts", "-o", "name"),
+            timeout=60,
+        )
+        yield kube
     finally:
-        down(layout)
+        if borrowed is None:
+            down(layout)
+        else:
+            kube.kubectl("delete", "namespace", namespace, "--wait=false")
 
 
 def test_pod_runs_with_an_ip(kube: Kube) -> None:
