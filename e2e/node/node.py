@@ -609,6 +609,7 @@ def teardown(layout: Layout, state: State) -> list[str]:
         _sh([str(proxy), "--cleanup", "--v=0"], check=False)
     _sh(["ip", "link", "del", BRIDGE], check=False)
     _remove_kubelet_chains()
+    _remove_kubepods_cgroups()
     unguard_network(info)
     shutil.rmtree(nl.root / "cni-ipam", ignore_errors=True)
     _unmount_under(nl.root)
@@ -637,6 +638,17 @@ def _remove_kubelet_chains() -> None:
             for chain in chains:
                 _sh([tool, "-t", table, "-F", chain], check=False)
                 _sh([tool, "-t", table, "-X", chain], check=False)
+
+
+def _remove_kubepods_cgroups() -> None:
+    """rmdir the kubelet's (now empty) kubepods cgroups in every hierarchy, deepest first."""
+    for top in Path("/sys/fs/cgroup").glob("*/kubepods"):
+        for path in sorted(top.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if path.is_dir():
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
 
 
 def _unmount_under(root: Path) -> None:
