@@ -213,11 +213,12 @@ def _bring_up(ctx: Ctx, fleet: str | None, images: tuple[str, ...] = ()) -> None
             timeout=60,
         )
     install_crds(layout, state)
-    if fleet:
-        _apply_fleet(fleet, layout, replace=False, timeout=300)
+    # The real node before the fleet: _apply_fleet saves state.json from a fresh load.
     if state.real_node:
         with _step("real node (containerd, images, kubelet, kube-proxy)"):
             real_node_mod.start(layout, state, ctx.bindir, images=list(images))
+    if fleet:
+        _apply_fleet(fleet, layout, replace=False, timeout=300)
 
 
 def _exists(api: Api, path: str) -> bool:

@@ -497,6 +497,9 @@ def start(layout: Layout, state: State, bindir: Path, *, images: list[str]) -> d
     nl.etc.mkdir(parents=True, exist_ok=True)
     _need("iptables", "iptables")
     _need("conntrack", "conntrack")
+    unknown = sorted(set(images) - set(BUILDERS))
+    if unknown:
+        raise ClusterError(f"unknown image(s) {', '.join(unknown)}; known: {', '.join(BUILDERS)}")
     ensure_packages()
     # Build (or find cached) every image before taking the machine's one real node.
     built = [BUILDERS[name]() for name in ["pause", *[i for i in images if i != "pause"]]]
