@@ -101,13 +101,15 @@ async def reconcile(
         observed = Observation(job, pods, cluster.nodes, cluster.pods, jobs=cluster.jobs)
         plan = plan_pass(observed, settings, clock())
         await _apply(kube, snapshot, raw, plan, service=headless_service(job), settings=settings)
-        log.debug(
-            "job %s/%s: pass done, writes=%d",
-            namespace,
-            name,
-            _writes(raw, plan),
-            extra={"job": f"{namespace}/{name}", "writes": _writes(raw, plan)},
-        )
+        if log.isEnabledFor(logging.DEBUG):
+            writes = _writes(raw, plan)
+            log.debug(
+                "job %s/%s: pass done, writes=%d",
+                namespace,
+                name,
+                writes,
+                extra={"job": f"{namespace}/{name}", "writes": writes},
+            )
         metrics.observe_job(namespace, name, plan.status)
         return plan.requeue
     except ConflictError:
