@@ -37,7 +37,7 @@ JOBS = int(os.environ.get("ELASTRA_BENCH_JOBS", "300"))
 WORKERS = int(os.environ.get("ELASTRA_BENCH_WORKERS", "8"))
 FLEET = os.environ.get("ELASTRA_BENCH_FLEET", "hetero-large")
 TYPES = ("H100", "A100", "V100", "T4")
-GPUS_PER_WORKER = 2
+GPUS_PER_WORKER = 1
 NAMESPACE = "bench"
 TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
 
