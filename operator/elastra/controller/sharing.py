@@ -43,11 +43,6 @@ def desired(
     placed = {p.gpu_type for p in job.status.placement if p.gpu_type}
     me = Claim(
         key=f"{job.metadata.namespace}/{job.metadata.name}",
-        created=str(
-            job.metadata.model_extra.get("creationTimestamp", "")
-            if job.metadata.model_extra
-            else ""
-        ),
         minimum=job.spec.min_replicas,
         held=held,
         starved=_starved(job.status.model_dump(by_alias=True), job.spec.suspend),
@@ -74,7 +69,6 @@ def _claim(raw: JsonDict, counts: Mapping[str, int]) -> Claim | None:
     patterns = {str(t) for t in (spec.get("worker") or {}).get("gpuTypes") or []}
     return Claim(
         key=key,
-        created=str(meta.get("creationTimestamp", "")),
         minimum=minimum,
         held=counts.get(key, 0),
         starved=starved,

@@ -25,8 +25,6 @@ class Claim:
 
     key: str
     """namespace/name: unique and a stable tie-break."""
-    created: str
-    """Creation timestamp (kept for reports and ordering of equal claims)."""
     minimum: int
     held: int
     """Pods the job occupies now: its world, standby, pending and retiring pods."""

@@ -12,7 +12,6 @@ def same(pattern: str, type_name: str) -> bool:
 def claim(key: str, *, minimum: int, held: int, starved: bool = False) -> Claim:
     return Claim(
         key=key,
-        created=key,
         minimum=minimum,
         held=held,
         starved=starved,
@@ -64,6 +63,6 @@ def test_never_below_own_minimum_and_other_types_untouched() -> None:
     me = claim("a", minimum=2, held=2)
     starved = claim("b", minimum=4, held=0, starved=True)
     assert shared_desired(me, [starved], desired=4, free=0, compatible=same) == 2
-    other = Claim("c", "c", minimum=1, held=0, starved=True, gpu_types=frozenset({"T4"}))
+    other = Claim("c", minimum=1, held=0, starved=True, gpu_types=frozenset({"T4"}))
     assert shared_desired(claim("a", minimum=1, held=3), [other], desired=3, free=0,
                           compatible=same) == 3  # fmt: skip
