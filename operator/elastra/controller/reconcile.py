@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -49,31 +49,81 @@ class Cluster:
 
 
 @dataclass
+class _Reservation:
+    """A pod this operator is creating, counted as holding its GPUs before any listing shows it."""
+
+    pod: JsonDict
+    settled: float | None = None
+    """When its create call returned (monotonic); ``None`` while it is in flight."""
+
+
+@dataclass
 class ClusterSnapshot:
-    """Nodes, pods and TrainingJobs, listed at most once per ``ttl`` and shared by every pass."""
+    """Nodes, pods and TrainingJobs, listed at most once per ``ttl`` and shared by every pass.
+
+    Job loops plan concurrently from the same listing, so a listing alone would let two jobs
+    pick the same free GPUs in the second before either's pods show up, and the scheduler would
+    leave one gang Unschedulable. Each pass therefore ``reserve``s the pods it is about to
+    create in the same event-loop step in which it planned them (no ``await`` between reading
+    the snapshot and reserving), and every later read counts them as placed. A reservation ends
+    once a listing that started after its create returned has been taken: from then on the
+    listing itself shows the pod, or shows that the create failed.
+    """
 
     kube: Kube
     ttl_s: float = 1.0
     _taken: float = -1e9
     _cluster: Cluster = field(default_factory=lambda: Cluster([], [], []))
+    _listed: frozenset[tuple[str, str]] = frozenset()
+    _reserved: dict[tuple[str, str], _Reservation] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def read(self) -> Cluster:
-        """The cluster, fresh within ``ttl_s``."""
+        """The cluster, fresh within ``ttl_s``, with reserved pods added."""
         async with self._lock:
             if time.monotonic() - self._taken > self.ttl_s:
+                started = time.monotonic()
                 nodes, pods, jobs = await asyncio.gather(
                     resources.list_nodes(self.kube),
                     resources.list_pods(self.kube),
                     resources.list_jobs(self.kube),
                 )
                 self._cluster = Cluster(nodes=nodes, pods=pods, jobs=jobs)
+                self._listed = frozenset(_key(p) for p in pods)
                 self._taken = time.monotonic()
+                self._reserved = {
+                    k: r
+                    for k, r in self._reserved.items()
+                    if r.settled is None or r.settled >= started
+                }
+        extra = [r.pod for k, r in self._reserved.items() if k not in self._listed]
+        if not extra:
             return self._cluster
+        return Cluster(
+            nodes=self._cluster.nodes, pods=[*self._cluster.pods, *extra], jobs=self._cluster.jobs
+        )
+
+    def reserve(self, pods: Sequence[JsonDict]) -> None:
+        """Count ``pods`` as placed from now on (call before awaiting anything after planning)."""
+        for pod in pods:
+            self._reserved[_key(pod)] = _Reservation(pod)
+
+    def settle(self, pods: Sequence[JsonDict]) -> None:
+        """The creates of ``pods`` returned: the next listing tells the truth about them."""
+        now = time.monotonic()
+        for pod in pods:
+            found = self._reserved.get(_key(pod))
+            if found is not None:
+                found.settled = now
 
     def invalidate(self) -> None:
         """Forget the snapshot: this operator just changed pods."""
         self._taken = -1e9
+
+
+def _key(pod: JsonDict) -> tuple[str, str]:
+    meta = pod.get("metadata") or {}
+    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
 
 
 async def reconcile(
@@ -100,7 +150,13 @@ async def reconcile(
         cluster = await snapshot.read()
         observed = Observation(job, pods, cluster.nodes, cluster.pods, jobs=cluster.jobs)
         plan = plan_pass(observed, settings, clock())
-        await _apply(kube, snapshot, raw, plan, service=headless_service(job), settings=settings)
+        snapshot.reserve(plan.creates)
+        try:
+            await _apply(
+                kube, snapshot, raw, plan, service=headless_service(job), settings=settings
+            )
+        finally:
+            snapshot.settle(plan.creates)
         if log.isEnabledFor(logging.DEBUG):
             writes = _writes(raw, plan)
             log.debug(

@@ -1,0 +1,106 @@
+"""The shared cluster snapshot's reservations: concurrent job loops never plan the same GPUs.
+
+The lister here is an in-memory list of dicts standing in for list responses; the real API
+server is exercised by tests/integration and bench/bench_operator_scale.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from elastra.controller.planning import cluster_inventory
+from elastra.controller.reconcile import ClusterSnapshot
+from elastra.kube.client import Kube
+from tests.unit.controller.fakecluster import node
+
+
+class Listing:
+    """Answers ``list`` from in-memory nodes and pods, counting calls."""
+
+    def __init__(self) -> None:
+        self.nodes: list[dict[str, Any]] = [node("n1", gpus=8)]
+        self.pods: list[dict[str, Any]] = []
+        self.calls = 0
+
+    async def list(self, path: str, label_selector: str | None = None) -> list[dict[str, Any]]:
+        self.calls += 1
+        if path == "/api/v1/nodes":
+            return list(self.nodes)
+        if path == "/api/v1/pods":
+            return list(self.pods)
+        return []
+
+
+def gated_pod(name: str, *, node_name: str = "n1", gpus: int = 4) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "labels": {"elastra.dev/job": name.split("-")[0]},
+            "annotations": {"elastra.dev/node": node_name},
+        },
+        "spec": {
+            "schedulingGates": [{"name": "elastra.dev/gang"}],
+            "containers": [
+                {"name": "w", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+            ],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+def free_gpus(cluster_pods: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> int:
+    inventory = cluster_inventory(nodes, cluster_pods)
+    return sum(n.free_gpus for n in inventory.nodes)
+
+
+def snapshot(listing: Listing, ttl_s: float = 1000.0) -> ClusterSnapshot:
+    return ClusterSnapshot(cast(Kube, listing), ttl_s=ttl_s)
+
+
+def test_a_reserved_pod_holds_its_gpus_before_any_listing_shows_it() -> None:
+    listing = Listing()
+    snap = snapshot(listing)
+
+    async def run() -> None:
+        first = await snap.read()
+        assert free_gpus(first.pods, first.nodes) == 8
+        snap.reserve([gated_pod("a-0")])
+        second = await snap.read()
+        assert listing.calls == 3, "the reservation must not need a fresh listing"
+        assert free_gpus(second.pods, second.nodes) == 4
+
+    asyncio.run(run())
+
+
+def test_a_reservation_ends_only_with_a_listing_started_after_its_create_returned() -> None:
+    listing = Listing()
+    snap = snapshot(listing, ttl_s=0.0)
+    pod = gated_pod("a-0")
+
+    async def run() -> None:
+        snap.reserve([pod])
+        # In flight: a fresh listing without the pod still counts it.
+        assert free_gpus((await snap.read()).pods, listing.nodes) == 4
+        # The create failed (nothing listed): once settled, the next listing frees the GPUs.
+        snap.settle([pod])
+        assert free_gpus((await snap.read()).pods, listing.nodes) == 8
+        assert free_gpus((await snap.read()).pods, listing.nodes) == 8
+
+    asyncio.run(run())
+
+
+def test_a_listed_pod_is_not_counted_twice() -> None:
+    listing = Listing()
+    snap = snapshot(listing, ttl_s=0.0)
+    pod = gated_pod("a-0")
+
+    async def run() -> None:
+        snap.reserve([pod])
+        listing.pods.append(pod)
+        cluster = await snap.read()
+        assert len(cluster.pods) == 1
+        assert free_gpus(cluster.pods, cluster.nodes) == 4
+
+    asyncio.run(run())
