@@ -40,15 +40,25 @@ from elastra.controller.manifests import (
 )
 from elastra.controller.observe import PodFacts, format_time, node_health, parse_time, pod_facts
 from elastra.controller.planning import (
+    NewPod,
     Placement,
     WorldPlan,
     cluster_inventory,
+    faster_free,
     place_new_pods,
     plan_world,
+    relocate,
     type_mismatch,
 )
 from elastra.controller.settings import OperatorSettings
-from elastra.elastic.resize import GrowthEstimate, Reason, ResizeDecision, ResizeInput, decide
+from elastra.elastic.resize import (
+    GrowthEstimate,
+    Move,
+    Reason,
+    ResizeDecision,
+    ResizeInput,
+    decide,
+)
 from elastra.elastic.workers import PodName, WorkerState
 from elastra.errors import UserError
 from elastra.planner import Inventory
@@ -134,6 +144,9 @@ def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> Pa
         wanted=min(job.spec.replicas, max(planned, len(status.world.ranks))),
         free=len(placement.pods),
     )
+    move = _move(job, own, facts, desired, settings) if not placement.pods else None
+    if move is not None:
+        placement = Placement(pods=move[1], target=placement.target)
     decision = decide(
         ResizeInput(
             desired=desired,
@@ -146,7 +159,10 @@ def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> Pa
             if status.last_resize_time
             else None,
             suspended=job.spec.suspend,
-            growth=_growth(job, own, facts, settings),
+            growth=_growth(job, own, facts, settings)
+            if len(status.world.ranks) < desired
+            else None,
+            move=move[0] if move else None,
         ),
         settings.policy,
     )
@@ -366,17 +382,61 @@ def _growth(
         current = plan_world(job, inventory, members)
     except UserError:
         return None
-    remaining = None
-    total = job.spec.training.total_steps
-    if total is not None:
-        steps_left = max(0, total - status.progress.step)
-        tokens_per_step = current.tokens_per_second * current.status.predicted_step_millis / 1000
-        remaining = steps_left * tokens_per_step / max(current.tokens_per_second, 1e-9)
     return GrowthEstimate(
         speedup=grown.tokens_per_second / max(current.tokens_per_second, 1e-9),
-        remaining_seconds=remaining,
+        remaining_seconds=_remaining_seconds(job),
         restart_seconds=settings.restart_seconds,
     )
+
+
+def _move(
+    job: TrainingJob,
+    inventory: Inventory,
+    facts: Mapping[str, PodFacts],
+    desired: int,
+    settings: OperatorSettings,
+) -> tuple[Move, tuple[NewPod, ...]] | None:
+    """A move of a full, running world to faster GPUs, and where its new pods go, if any.
+
+    Planned only while faster GPUs are free or a move is under way (pods outside the world),
+    so a steady job on the GPUs it prefers asks the planner nothing.
+    """
+    status = job.status
+    plan = status.plan
+    ranks = status.world.ranks
+    if plan is None or not ranks or len(ranks) != desired or not plan.predicted_tokens_per_second:
+        return None
+    members = [facts[p] for p in ranks if p in facts]
+    if len(members) != len(ranks) or any(f.view.state is not WorkerState.READY for f in members):
+        return None
+    others = [
+        f
+        for f in facts.values()
+        if f.name not in set(ranks)
+        and f.view.retiring_since is None
+        and f.view.state in (WorkerState.READY, WorkerState.PENDING, WorkerState.GATED)
+    ]
+    if not others and not faster_free(job, inventory, members):
+        return None
+    found = relocate(job, inventory, members=members, standby=others, size=desired)
+    if found is None:
+        return None
+    gain = GrowthEstimate(
+        speedup=found.tokens_per_second / plan.predicted_tokens_per_second,
+        remaining_seconds=_remaining_seconds(job),
+        restart_seconds=settings.restart_seconds,
+    )
+    move = Move(leave=frozenset(PodName(p) for p in found.leave), create=len(found.pods), gain=gain)
+    return move, found.pods
+
+
+def _remaining_seconds(job: TrainingJob) -> float | None:
+    """The rest of the run at the recorded plan's predicted step time (``None``: no end set)."""
+    total = job.spec.training.total_steps
+    plan = job.status.plan
+    if total is None or plan is None:
+        return None
+    return max(0, total - job.status.progress.step) * plan.predicted_step_millis / 1000
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,83 @@ def place_new_pods(
     return Placement(pods=tuple(free[:count]), target=target, limited=limited)
 
 
+@dataclass(frozen=True)
+class Relocation:
+    """A better plan of the same size than the world runs: where it wants pods the job lacks."""
+
+    pods: tuple[NewPod, ...]
+    """Slots of the better plan no held pod fills: new pods go there."""
+    leave: tuple[str, ...]
+    """World members the better plan does not use: they retire once the new pods are Ready."""
+    tokens_per_second: float
+
+
+def faster_free(job: TrainingJob, inventory: Inventory, held: Sequence[PodFacts]) -> bool:
+    """Whether GPUs nobody holds are faster than the slowest type ``held`` runs on.
+
+    Only then can moving the job pay, so only then is a full world re-planned: a steady job
+    costs no planner call per pass. ``inventory`` counts ``held``'s GPUs as free (see
+    ``cluster_inventory(own_job=...)``), so they are subtracted here.
+    """
+    devices = job.spec.worker.gpus
+    if devices == 0 or job.spec.model is None:
+        return False  # without a model the planner cannot tell one GPU type's speed from another's
+    precision = job.spec.training.precision
+    by_name = {str(n.name): n for n in inventory.nodes}
+    used = Counter(str(p.view.node) for p in held)
+    speeds = [
+        by_name[node].gpu_type.peak_tflops(precision) or 0.0 for node in used if node in by_name
+    ]
+    if not speeds:
+        return False
+    slowest = min(speeds)
+    wanted = job.spec.worker.gpu_types
+    return any(
+        (n.gpu_type.peak_tflops(precision) or 0.0) > slowest
+        and n.free_gpus - used[str(n.name)] * devices >= devices
+        and (not wanted or any(matches(w, n.gpu_type) for w in wanted))
+        for n in inventory.nodes
+    )
+
+
+def relocate(
+    job: TrainingJob,
+    inventory: Inventory,
+    *,
+    members: Sequence[PodFacts],
+    standby: Sequence[PodFacts],
+    size: int,
+) -> Relocation | None:
+    """The best plan of exactly ``size`` pods on the job's possible capacity, matched to its pods.
+
+    Members keep their node when the plan has a slot there; standby pods fill what is left; the
+    plan's other slots are where new pods would go. ``None`` when the plan is what runs already.
+    """
+    result = plan_job(requirements(job, replicas=size, minimum=size), inventory, top_k=1)
+    if not result.feasible:
+        return None
+    plan = result.plans[0]
+    slots = Counter(str(p.node) for p in plan.pods)
+    member_names = {p.name for p in members}
+    leave: list[str] = []
+    for pod in [*members, *standby]:
+        node = str(pod.view.node)
+        if slots[node] > 0:
+            slots[node] -= 1
+        elif pod.name in member_names:
+            leave.append(str(pod.name))
+    if not leave:
+        return None
+    new: list[NewPod] = []
+    for slot in plan.pods:
+        if slots[str(slot.node)] > 0:
+            slots[str(slot.node)] -= 1
+            new.append(NewPod(node=str(slot.node), gpu_type=str(slot.gpu_type)))
+    return Relocation(
+        pods=tuple(new), leave=tuple(leave), tokens_per_second=plan.predicted.tokens_per_s
+    )
+
+
 def _explain(job: TrainingJob, inventory: Inventory, reason: str | None) -> str:
     """The planner's reason, led by the user-level cause when it is a GPU type mismatch."""
     return type_mismatch(job, inventory) or f"no plan fits: {reason or 'unknown reason'}"

@@ -40,6 +40,7 @@ class Reason(StrEnum):
     INSUFFICIENT_CAPACITY = "InsufficientCapacity"
     SUSPENDED = "Suspended"
     COMPLETED = "Completed"
+    RELOCATED = "Relocated"
     STEADY = "Steady"
 
 
@@ -82,6 +83,20 @@ class GrowthEstimate:
 
 
 @dataclass(frozen=True)
+class Move:
+    """A better plan of the world's size on other GPUs (faster ones were freed).
+
+    ``create`` new pods go where the better plan wants them; once they are Ready they join
+    and ``leave`` (members the better plan does not use) retire. ``gain`` compares the better
+    plan with the running one, so a move happens only when it beats the restart it costs.
+    """
+
+    leave: frozenset[PodName]
+    create: int
+    gain: GrowthEstimate
+
+
+@dataclass(frozen=True)
 class ResizeInput:
     """Everything the policy decides on."""
 
@@ -95,6 +110,7 @@ class ResizeInput:
     last_resize: datetime | None = None
     suspended: bool = False
     growth: GrowthEstimate | None = None
+    move: Move | None = None
 
 
 @dataclass(frozen=True)
@@ -208,6 +224,10 @@ def _steady_or_resize(
         return _form_initial(
             inp, standby=standby, waiting=waiting, create=create, delete=delete, recheck=recheck
         )
+    spare = [w for w in healthy if w.pod not in world]
+    moved = _move(inp, policy, in_world=in_world, standby=spare, waiting=waiting)
+    if moved is not None:
+        return replace(moved, delete=moved.delete | stuck | broken_outside)
     if standby and not waiting:
         cooldown_left = _cooldown_left(inp, policy)
         if cooldown_left is not None:
@@ -229,6 +249,58 @@ def _steady_or_resize(
                 delete=delete,
             )
     return _keep("world steady", create=create, delete=delete, recheck=recheck)
+
+
+def _move(
+    inp: ResizeInput,
+    policy: ResizePolicy,
+    *,
+    in_world: list[WorkerView],
+    standby: list[WorkerView],
+    waiting: list[WorkerView],
+) -> ResizeDecision | None:
+    """Move a full world onto faster GPUs when that pays, or ``None`` to decide as usual.
+
+    New pods are created beside the running world (it keeps training meanwhile); only when
+    all of them are Ready does one resize swap them in for ``move.leave``, so the job pays one
+    restart, never waits on an image pull, and never holds fewer workers than before.
+    """
+    move = inp.move
+    if move is None or len(in_world) < inp.desired or not move.gain.worth_it():
+        return None
+    staying = [w for w in in_world if w.pod not in move.leave]
+    joining = standby[: inp.desired - len(staying)]
+    extra = frozenset(w.pod for w in standby[len(joining) :])
+    create = max(0, min(move.create, inp.placeable))
+    if create or waiting or not joining:
+        ready = len(joining)
+        return _keep(
+            f"moving {len(move.leave)} workers to faster GPUs: {ready} of "
+            f"{ready + len(waiting) + create} new workers ready",
+            create=create,
+            delete=extra,
+            recheck=(),
+        )
+    cooldown_left = _cooldown_left(inp, policy)
+    if cooldown_left is not None:
+        return _keep("move to faster GPUs waits for the cooldown", 0, extra, [cooldown_left])
+    gain = move.gain
+    saved = (gain.remaining_seconds or 0.0) * (1.0 - 1.0 / gain.speedup)
+    return ResizeDecision(
+        world=tuple(w.pod for w in staying + joining),
+        reason=Reason.RELOCATED,
+        message=(
+            f"moved {len(move.leave)} workers to faster GPUs: predicted {gain.speedup:.2f}x"
+            + (
+                f", saving {saved:.0f}s of the remaining run against a "
+                f"{gain.restart_seconds:.0f}s restart"
+                if gain.remaining_seconds is not None
+                else ""
+            )
+        ),
+        retire=frozenset(w.pod for w in in_world if w.pod in move.leave),
+        delete=extra,
+    )
 
 
 def _suspend(inp: ResizeInput, workers: list[WorkerView]) -> ResizeDecision:

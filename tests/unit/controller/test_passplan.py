@@ -176,3 +176,60 @@ def test_status_render_shows_world_plan_and_placement() -> None:
     assert "Plan: " in text and "(dp x tp x pp)" in text
     assert "h100-0" in text and "gpt-w0@0" in text
     assert "WorldFormed" in text
+
+
+def a100s(n: int) -> list[dict[str, Any]]:
+    return [node(f"a100-{i}", product="NVIDIA-A100-SXM4-80GB") for i in range(n)]
+
+
+def relocating_job(total_steps: int) -> dict[str, Any]:
+    body = job(replicas=2)
+    body["spec"]["training"]["totalSteps"] = total_steps
+    body["spec"]["model"] = {
+        "layers": 12,
+        "hiddenSize": 768,
+        "ffnHiddenSize": 3072,
+        "kvHeads": 12,
+        "attentionHeads": 12,
+        "vocabSize": 32000,
+        "sequenceLength": 1024,
+    }
+    return body
+
+
+def test_full_world_moves_to_faster_gpus_when_they_free_up_and_it_pays() -> None:
+    cluster = FakeCluster(relocating_job(total_steps=1_000_000), a100s(2), SETTINGS)
+    cluster.converge()
+    first = cluster.job.status
+    assert first.world.version == 1
+    assert set(first.plan.gpu_types) == {"A100-SXM-80GB"}
+    cluster.nodes.extend(h100s(2))
+    plan = cluster.step()
+    assert sorted(p["metadata"]["annotations"]["elastra.dev/node"] for p in plan.creates) == [
+        "h100-0",
+        "h100-1",
+    ]
+    assert cluster.job.status.world.version == 1, "the world trains on while new pods start"
+    cluster.converge()
+    status = cluster.job.status
+    assert status.world.version == 2
+    assert status.resizes[-1].reason == "Relocated"
+    assert {p.node for p in status.placement} == {"h100-0", "h100-1"}
+    assert set(status.plan.gpu_types) == {"H100-SXM-80GB"}
+    for name in ("gpt-w0", "gpt-w1"):
+        assert assignment(cluster, name)["stop"] is True, "A100 workers checkpoint and stop"
+        cluster.pods[name]["status"]["phase"] = "Succeeded"
+    cluster.converge()
+    assert sorted(p["spec"]["nodeName"] for p in cluster.pods.values()) == ["h100-0", "h100-1"]
+    moved = [m for r, m in cluster.events if r == "Relocated"]
+    assert len(moved) == 1 and "faster GPUs: predicted" in moved[0], cluster.events
+
+
+def test_no_move_when_the_rest_of_the_run_is_shorter_than_a_restart() -> None:
+    cluster = FakeCluster(relocating_job(total_steps=1), a100s(2), SETTINGS)
+    cluster.converge()
+    cluster.nodes.extend(h100s(2))
+    cluster.converge()
+    status = cluster.job.status
+    assert status.world.version == 1
+    assert not any("h100" in p["spec"]["nodeName"] for p in cluster.pods.values())

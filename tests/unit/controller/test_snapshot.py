@@ -37,14 +37,12 @@ def gated_pod(name: str, *, node_name: str = "n1", gpus: int = 4) -> dict[str, A
         "metadata": {
             "name": name,
             "namespace": "ns",
-            "labels": {"elastra.dev/job": name.split("-")[0]},
+            "labels": {"elastra.dev/job": name.split("-", maxsplit=1)[0]},
             "annotations": {"elastra.dev/node": node_name},
         },
         "spec": {
             "schedulingGates": [{"name": "elastra.dev/gang"}],
-            "containers": [
-                {"name": "w", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
-            ],
+            "containers": [{"name": "w", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
         },
         "status": {"phase": "Pending"},
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import given, settings
@@ -9,6 +10,7 @@ from hypothesis import strategies as st
 
 from elastra.elastic.resize import (
     GrowthEstimate,
+    Move,
     Reason,
     ResizeInput,
     ResizePolicy,
@@ -305,3 +307,51 @@ def test_properties(inp: ResizeInput) -> None:
         assert len(keeps) + d.create <= inp.desired, "never more live pods than desired"
     assert d.delete <= set(by_pod), "deletes only pods that exist"
     assert decide(inp, POLICY) == d, "deterministic"
+
+
+def moving(
+    *, speedup: float = 2.0, remaining: float | None = 3600.0, create: int = 2
+) -> ResizeInput:
+    """A full world of 2 (slots 0, 1) whose better plan wants ``create`` pods elsewhere."""
+    return ResizeInput(
+        desired=2,
+        minimum=1,
+        world=world(0, 1),
+        workers=(worker(0), worker(1)),
+        placeable=2,
+        now=T0 + timedelta(minutes=5),
+        last_resize=T0,
+        move=Move(
+            leave=frozenset(world(0, 1)),
+            create=create,
+            gain=GrowthEstimate(speedup=speedup, remaining_seconds=remaining, restart_seconds=60),
+        ),
+    )
+
+
+def test_a_paying_move_first_starts_new_pods_beside_the_running_world() -> None:
+    d = decide(moving(), POLICY)
+    assert d.world is None and d.create == 2 and not d.retire
+
+
+def test_a_move_swaps_in_the_new_pods_once_all_are_ready_in_one_resize() -> None:
+    inp = moving(create=0)
+    d = decide(replace(inp, workers=(*inp.workers, worker(2), worker(3)), placeable=0), POLICY)
+    assert d.world == world(2, 3) and d.reason is Reason.RELOCATED
+    assert d.retire == frozenset(world(0, 1)) and not d.delete
+    assert "2.00x" in d.message and "saving 1800s" in d.message
+
+
+def test_a_move_waits_while_a_new_pod_is_pending() -> None:
+    inp = moving(create=0)
+    workers = (*inp.workers, worker(2), worker(3, WorkerState.PENDING))
+    d = decide(replace(inp, workers=workers), POLICY)
+    assert d.world is None and d.create == 0 and not d.delete
+
+
+def test_no_move_when_the_gain_does_not_beat_the_restart() -> None:
+    d = decide(moving(speedup=1.01, remaining=600.0), POLICY)
+    assert d.world is None and d.create == 0
+    inp = moving(speedup=1.01, remaining=600.0)
+    d = decide(replace(inp, workers=(*inp.workers, worker(2))), POLICY)
+    assert d.world is None and d.delete == frozenset(world(2)), "spare pods are given back"
