@@ -1,0 +1,177 @@
+"""Drive the cpu-tiny TrainingJob on a real cluster and collect what its workers recorded.
+
+Why: the e2e suite and `make demo` do the same things to the job (apply the example, wait
+for a world of a given size to train, `kubectl scale`, read the step log and the worker logs)
+and must wait on conditions with deadlines, never for a fixed time. Worker pods start slowly
+(the worker image imports torch's CUDA build: 10-60 s on a busy machine), so the deadlines
+are minutes, and every timeout says what the job and its pods looked like.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from e2e.install import EXAMPLE, Setup
+from e2e.kube import Kube, KubeError, wait_for
+from e2e.trainlog import StepRecord, parse_step_log
+
+STEP_LOG = "/checkpoints/steps.jsonl"
+POD_START_S = 420.0  # pods of the 5 GB worker image, torch import, rendezvous, on 2 busy cores
+
+
+def example_job(namespace: str) -> dict[str, Any]:
+    """examples/cpu-tiny.yaml as shipped, placed in ``namespace``."""
+    job: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    job = copy.deepcopy(job)
+    job["metadata"]["namespace"] = namespace
+    return job
+
+
+@dataclass
+class JobRun:
+    """One TrainingJob: its status, pods, the world versions seen, and its workers' logs."""
+
+    kube: Kube
+    namespace: str
+    name: str
+    versions: list[int] = field(default_factory=list)
+    pod_logs: dict[str, str] = field(default_factory=dict)
+    """Logs per pod uid, kept after the pod is gone (snapshot before deleting a pod)."""
+
+    # ---- reading ----------------------------------------------------------------------
+
+    def job(self) -> dict[str, Any]:
+        found: dict[str, Any] = self.kube.get("trainingjob", self.name, "-n", self.namespace)
+        return found
+
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = self.job().get("status") or {}
+        world = status.get("world") or {}
+        version = int(world.get("version") or 0)
+        if version and (not self.versions or self.versions[-1] != version):
+            self.versions.append(version)
+        return status
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.kube.items("pods", "-n", self.namespace, "-l", f"elastra.dev/job={self.name}")
+
+    def running_pods(self) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.pods()
+            if (p.get("status") or {}).get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def describe(self) -> str:
+        """A short picture of the job and its pods for timeout messages."""
+        try:
+            status = self.status()
+            pods = [
+                f"{p['metadata']['name']}:{(p.get('status') or {}).get('phase')}"
+                for p in self.pods()
+            ]
+        except KubeError as err:
+            return f"(cannot read the job: {err})"
+        conditions = {
+            c["type"]: f"{c['status']}/{c.get('reason')}" for c in status.get("conditions") or []
+        }
+        return json.dumps(
+            {"world": status.get("world"), "conditions": conditions, "pods": pods}, default=str
+        )[:2000]
+
+    def step_log(self) -> list[StepRecord]:
+        """Rank 0's step log on the shared checkpoint volume, read through a running worker."""
+        for pod in self.running_pods():
+            out = self.kube.kubectl(
+                "exec", "-n", self.namespace, pod["metadata"]["name"], "-c", "worker", "--",
+                "cat", STEP_LOG, check=False,
+            )  # fmt: skip
+            if out:
+                return parse_step_log(_complete_lines(out))
+        return []
+
+    def snapshot_logs(self) -> dict[str, str]:
+        """Fetch every worker pod's log now (kept by uid); returns all logs seen so far."""
+        for pod in self.pods():
+            uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
+            text = self.kube.kubectl("logs", "-n", self.namespace, name, check=False)
+            if text and len(text) >= len(self.pod_logs.get(uid, "")):
+                self.pod_logs[uid] = text
+        return self.pod_logs
+
+    def log_lines(self) -> list[str]:
+        return [line for text in self.snapshot_logs().values() for line in text.splitlines()]
+
+    # ---- waiting ----------------------------------------------------------------------
+
+    def wait_world(self, size: int, *, after: int, timeout: float = POD_START_S) -> int:
+        """A world of ``size`` with a version above ``after`` is Running; returns its version."""
+
+        def probe() -> int | None:
+            status = self.status()
+            world = status.get("world") or {}
+            version, running = int(world.get("version") or 0), _running(status)
+            return version if version > after and world.get("size") == size and running else None
+
+        return wait_for(
+            f"{self.name}: a running world of {size} newer than version {after}",
+            probe, timeout=timeout, interval=1, hint=self.describe,
+        )  # fmt: skip
+
+    def wait_trained(self, version: int, steps: int, *, timeout: float = POD_START_S) -> int:
+        """World ``version`` (or a newer one) trained ``steps`` steps; returns the last step."""
+
+        def probe() -> int | None:
+            self.status()  # keeps the record of world versions seen
+            records = [r for r in self.step_log() if r.world_version >= version]
+            return records[-1].step if len(records) >= steps else None
+
+        return wait_for(
+            f"{self.name}: {steps} steps trained by world version {version} or newer",
+            probe, timeout=timeout, interval=2, hint=self.describe,
+        )  # fmt: skip
+
+    # ---- acting -----------------------------------------------------------------------
+
+    def scale(self, replicas: int) -> None:
+        self.kube.kubectl(
+            "scale", f"trainingjob/{self.name}", "-n", self.namespace, f"--replicas={replicas}"
+        )
+
+    def delete(self, timeout: float = 300) -> None:
+        """Delete the job and wait until its pods are gone (they checkpoint on SIGTERM)."""
+        self.kube.kubectl(
+            "delete", "trainingjob", self.name, "-n", self.namespace, "--ignore-not-found",
+            "--wait=false",
+        )  # fmt: skip
+        wait_for(
+            f"{self.name}: its worker pods to be gone",
+            lambda: self.pods() == [], timeout=timeout, interval=2, hint=self.describe,
+        )  # fmt: skip
+
+
+def _running(status: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Running" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+
+
+def _complete_lines(text: str) -> str:
+    """Drop a last line rank 0 is still writing (no newline yet)."""
+    return text if text.endswith("\n") else text.rsplit("\n", 1)[0]
+
+
+@dataclass
+class Elastra:
+    """The installed operator and the cpu-tiny job of one run."""
+
+    kube: Kube
+    setup: Setup
+    job: JobRun
+    installed: bool = True

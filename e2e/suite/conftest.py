@@ -1,0 +1,73 @@
+"""Fixtures of the e2e suite: a cluster with real pods, Elastra installed with Helm, the job.
+
+Why one session-wide install: bringing up the cluster, importing the 5 GB worker image and
+starting torch in every worker pod costs minutes, so the suite's tests are the chapters of one
+story (train, shrink, grow, lose a worker, lose the operator, uninstall) told in file order,
+each asserting on the cluster and on what the workers recorded. Whatever happens, the fixture
+removes the job, the release, the namespaces and the volume, and stops a cluster it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import pytest
+from e2e.elasticjob import Elastra, JobRun, example_job
+from e2e.install import (
+    Setup,
+    checkpoint_storage,
+    helm_install,
+    helm_uninstall,
+    restricted_namespace,
+)
+from e2e.kube import KubeError
+from e2e.target import Target, target_cluster
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "e2e: real pods on a real cluster (e2e/suite)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "e2e/suite" in str(item.path) and "trainlog" not in item.path.name:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def target() -> Iterator[Target]:
+    with target_cluster() as found:
+        yield found
+
+
+@pytest.fixture(scope="session")
+def elastra(target: Target) -> Iterator[Elastra]:
+    kube = target.kube
+    host_dir = target.local_root / "volumes" / "cpu-tiny" if target.local_root else None
+    setup = Setup(host_dir=host_dir)
+    job = JobRun(kube, setup.job_namespace, example_job(setup.job_namespace)["metadata"]["name"])
+    state = Elastra(kube, setup, job)
+    try:
+        for namespace in (setup.operator_namespace, setup.job_namespace):
+            restricted_namespace(kube, namespace)
+        checkpoint_storage(kube, setup)
+        helm_install(kube, setup)
+        yield state
+    finally:
+        cleanup(state)
+
+
+def cleanup(state: Elastra) -> None:
+    """Best effort, each step on its own: one failure must not keep the rest from running."""
+    kube, setup = state.kube, state.setup
+    steps: list[Callable[[], object]] = [
+        lambda: state.job.delete(timeout=240),
+        lambda: helm_uninstall(kube, setup) if state.installed else None,
+        lambda: kube.kubectl("delete", "namespace", setup.job_namespace, "--ignore-not-found"),
+        lambda: kube.kubectl("delete", "namespace", setup.operator_namespace, "--ignore-not-found"),
+        lambda: kube.kubectl("delete", "pv", setup.volume_name, "--ignore-not-found"),
+    ]
+    for step in steps:
+        with contextlib.suppress(KubeError, TimeoutError):
+            step()
