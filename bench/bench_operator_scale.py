@@ -98,9 +98,14 @@ async def running_pods(kube: Kube, selector: str) -> int:
 
 async def wait_running(kube: Kube, selector: str, want: int, *, timeout: float) -> float:
     started = time.monotonic()
+    said = started
     while time.monotonic() - started < timeout:
-        if await running_pods(kube, selector) >= want:
+        running = await running_pods(kube, selector)
+        if running >= want:
             return time.monotonic()
+        if time.monotonic() - said >= 30:
+            said = time.monotonic()
+            say(f"  {running} of {want} pods Running after {said - started:.0f}s")
         await asyncio.sleep(1.0)
     raise TimeoutError(f"{selector}: fewer than {want} pods Running after {timeout:.0f}s")
 

@@ -1,4 +1,4 @@
-"""Elastic resizing on the real control plane: scenarios (a)-(e) and (g) of the elastic issue,
+"""Elastic resizing on the real control plane: scenarios (a)-(g) of the elastic issue,
 ``kubectl scale`` and an HPA. Each asserts on cluster state: the world version and members in
 TrainingJob status, the resize history, pods and their assignments.
 """
@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from tests.integration.conftest import Cluster
-from tests.integration.operator.conftest import EXAMPLES, Jobs, NodePool, OperatorProcess
+from tests.integration.operator.conftest import EXAMPLES, Jobs, NodePool, OperatorProcess, gpu_job
 from tests.integration.operator.test_operator import fail_pod, h200_job
 
 
@@ -128,6 +128,77 @@ def test_e_thirty_percent_failed_at_once_is_one_resize(
     messages = "; ".join(e["message"] for e in jobs.events("burst"))
     assert failed[0]["fromReplicas"] == 10 and failed[0]["toReplicas"] == 7, messages
     assert healed["restarts"] == 1
+
+
+SMALL_GPT = {
+    "layers": 12,
+    "hiddenSize": 768,
+    "ffnHiddenSize": 3072,
+    "attentionHeads": 12,
+    "kvHeads": 12,
+    "vocabSize": 32000,
+    "sequenceLength": 1024,
+}
+
+
+def mixed_job(name: str, *, total_steps: int) -> dict[str, Any]:
+    """One 8-GPU worker of a small GPT that may run on H200 or V100 (pool-only types)."""
+    body = gpu_job(name, replicas=1, model=SMALL_GPT)
+    body["spec"]["worker"]["gpuTypes"] = ["H200", "V100"]
+    body["spec"]["training"] = {
+        "globalBatchSize": 64,
+        "precision": "fp16",
+        "totalSteps": total_steps,
+    }
+    return body
+
+
+def gpu_types_of(jobs: Jobs, name: str) -> set[str]:
+    return {p["gpuType"] for p in jobs.status(name).get("placement", [])}
+
+
+def test_f_moves_to_faster_gpus_freed_up_only_when_the_gain_beats_the_restart(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+) -> None:
+    pool.add(2, product="Tesla-V100-SXM2-32GB")
+    pool.add(2)  # H200
+    jobs.apply(h200_job("blocker", replicas=2, minReplicas=1))
+    jobs.wait("the blocker holds both H200 nodes", lambda: world_is(jobs, "blocker", 2, "Running"))
+    jobs.apply(mixed_job("long", total_steps=1_000_000))
+    jobs.apply(mixed_job("short", total_steps=2))
+    for name in ("long", "short"):
+        jobs.wait(f"{name} runs on V100", lambda n=name: world_is(jobs, n, 1, "Running"))
+        assert all(t.startswith("V100") for t in gpu_types_of(jobs, name)), jobs.status(name)
+    short_before = jobs.status("short")
+    short_quiet = operator.quiet_passes("short")
+
+    cluster.kubectl("delete", "trainingjob", "blocker", "-n", jobs.namespace, "--wait=false")
+    moved = jobs.wait(
+        "long moved to H200",
+        lambda: (
+            (s := jobs.status("long"))["world"]["version"] == 2
+            and all(t.startswith("H200") for t in gpu_types_of(jobs, "long"))
+            and s
+        ),
+        timeout=120,
+    )
+    relocations = resizes(jobs, "long", "Relocated")
+    assert len(relocations) == 1 and relocations[0]["toReplicas"] == 1, moved["resizes"]
+    assert moved["plan"]["predictedTokensPerSecond"] > 0
+    message = jobs.wait(
+        "a Relocated event with the predicted gain",
+        lambda: [e["message"] for e in jobs.events("long") if e["reason"] == "Relocated"],
+    )[0]
+    assert "faster GPUs: predicted" in message and "restart" in message
+    jobs.wait("the V100 worker retired", lambda: len(jobs.pods("long")) == 1)
+
+    # The short job saw the same free H200s but has seconds left: several passes, no writes.
+    jobs.wait(
+        "short: two more quiet passes", lambda: operator.quiet_passes("short") >= short_quiet + 2
+    )
+    assert jobs.status("short")["world"] == short_before["world"]
+    assert all(t.startswith("V100") for t in gpu_types_of(jobs, "short"))
+    assert len(jobs.pods("short")) == 1
 
 
 def test_g_two_jobs_share_a_scarce_type_without_livelock(
