@@ -237,3 +237,34 @@ def test_hpa_resizes_a_running_job_through_the_scale_subresource(
     )
     assert jobs.get("cpu-tiny")["spec"]["replicas"] == 3
     assert grown["selector"] == "elastra.dev/job=cpu-tiny"
+
+
+def test_drained_node_worker_is_evicted_dropped_and_replaced_elsewhere(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+) -> None:
+    """Cordon + drain: the Eviction API deletes a worker with its grace period (as preemption
+    does); the operator drops it from the world at once and grows back on another node."""
+    pool.add(4)
+    jobs.apply(h200_job("drain", replicas=3, minReplicas=1))
+    status = jobs.wait("running at 3", lambda: world_is(jobs, "drain", 3, "Running"))
+    version = status["world"]["version"]
+    victim = status["placement"][0]["node"]
+    cluster.kubectl(
+        "drain", victim, "--force", "--ignore-daemonsets", "--delete-emptydir-data",
+        "--timeout=60s",
+    )  # fmt: skip
+    healed = jobs.wait(
+        "back to 3 off the drained node",
+        lambda: (
+            (s := world_is(jobs, "drain", 3, "Running"))
+            and victim not in {p["node"] for p in s["placement"]}
+            and s
+        ),
+        timeout=120,
+    )
+    history = [(r["reason"], r["toReplicas"]) for r in healed["resizes"]]
+    assert ("WorkerLost", 2) in history, history
+    assert healed["world"]["version"] >= version + 2, "dropped at once, then grown back"
+    assert all(p["spec"].get("nodeName") != victim for p in jobs.pods("drain"))
+    ranks = [p["rank"] for p in healed["placement"]]
+    assert len(ranks) == len(set(ranks)) == 3
