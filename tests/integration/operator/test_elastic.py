@@ -6,6 +6,8 @@ TrainingJob status, the resize history, pods and their assignments.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import yaml
@@ -100,6 +102,13 @@ def test_d_kubectl_scale_down_and_up_within_bounds(
     assert down["world"]["version"] == 2
     retired = [n for n, a in assignments(jobs, "scaled").items() if a["stop"]]
     assert all(n not in down["world"]["ranks"] for n in retired)
+    shown = subprocess.run(
+        [sys.executable, "-m", "elastra.cli", "status", "scaled", "-n", ns,
+         f"--kubeconfig={cluster.kubeconfig}"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    assert "in world 3" in shown and "world: v2, 24 ranks" in shown, shown
+    assert "ScaledDown" in shown, shown
     cluster.kubectl("scale", "tj/scaled", "-n", ns, "--replicas=6")
     jobs.wait("grown back to 6", lambda: world_is(jobs, "scaled", 6, "Running"))
     too_many = cluster.kubectl("scale", "tj/scaled", "-n", ns, "--replicas=7", check=False)
