@@ -137,6 +137,7 @@ def test_default_render_holds_the_operator_and_its_rbac(default: list[Manifest])
             "Service",
             "Deployment",
             "ClusterKopfPeering",
+            "Lease",
         ]
     )
     namespaced_kinds = {"ServiceAccount", "Service", "Deployment", "Role", "RoleBinding"}
