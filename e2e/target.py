@@ -33,7 +33,8 @@ class Target:
 
 
 @contextlib.contextmanager
-def target_cluster() -> Iterator[Target]:
+def target_cluster(*, keep: bool = False) -> Iterator[Target]:
+    """The cluster to use; ``keep`` leaves a local cluster it starts running, owned by no run."""
     external = os.environ.get(EXTERNAL_ENV)
     if external:
         path = Path(external)
@@ -42,9 +43,10 @@ def target_cluster() -> Iterator[Target]:
         yield Target(Kube(path, toolchain_bindir(build=True)), None)
         return
     layout = Layout(Path(os.environ.get(DIR_ENV) or REPO / ".cluster-e2e").resolve())
-    started = up(layout, fleet=None, owner=f"pid:{os.getpid()}", real_node=True, images=IMAGES)
+    owner = "" if keep else f"pid:{os.getpid()}"
+    started = up(layout, fleet=None, owner=owner, real_node=True, images=IMAGES)
     try:
         yield Target(Kube(layout.kubeconfig, toolchain_bindir(build=False)), layout.root)
     finally:
-        if started:
+        if started and not keep:
             down(layout)

@@ -75,7 +75,7 @@ def test_status_progress_advances(elastra: Elastra) -> None:
     wait_for(
         "status.progress.step to advance",
         lambda: int((job.status().get("progress") or {}).get("step") or 0) > first,
-        timeout=120,
+        timeout=60,  # two operator resyncs; the steps take seconds
         interval=2,
         hint=job.describe,
     )

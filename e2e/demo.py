@@ -1,0 +1,158 @@
+"""`make demo`: Elastra end to end on this machine, in one command, with one summary line.
+
+Why: a user's first question is "does it really resize a training job without losing work?".
+The demo answers it with real parts: it builds what is missing (toolchain, images; the venv
+is made by `make`), starts the local control plane with this machine's real node, installs
+Elastra with Helm into namespaces that enforce Pod Security "restricted", runs
+examples/cpu-tiny.yaml (three CPU workers training a tiny GPT over gloo), scales it to two and
+back to three, and checks the workers' own records. The last line is either
+
+    demo: OK worlds=v1(3)->v2(2)->v3(3) steps=N resumed-from=[a,b] data-order=static
+
+(world versions with their sizes, the steps trained, the checkpoint step each resize resumed
+from) or ``demo: FAILED <reason>``; the exit status says the same. It shares every step with
+the e2e suite (e2e/install.py, e2e/elasticjob.py, e2e/trainlog.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections.abc import Sequence
+
+from e2e.cluster.api import WaitTimeoutError
+from e2e.elasticjob import Elastra, JobRun, example_job
+from e2e.install import (
+    Setup,
+    checkpoint_storage,
+    helm_install,
+    helm_uninstall,
+    restricted_namespace,
+)
+from e2e.kube import KubeError
+from e2e.target import EXTERNAL_ENV, target_cluster
+from e2e.trainlog import (
+    TrainLogError,
+    check_contiguous,
+    check_data_order,
+    check_resumes,
+    resumes,
+    world_spans,
+)
+
+STEPS_PER_WORLD = 3
+
+
+class DemoError(Exception):
+    """A step of the demo did not happen; the message says which and what was seen."""
+
+
+def say(message: str) -> None:
+    print(f"demo: {message}", flush=True)
+
+
+def run_demo(elastra: Elastra, *, steps_per_world: int) -> str:
+    """Train, shrink, grow, verify; returns the summary (without the ``demo: OK`` prefix)."""
+    kube, setup, job = elastra.kube, elastra.setup, elastra.job
+    started = time.monotonic()
+    say("applying examples/cpu-tiny.yaml (3 workers; the first pods import torch: minutes)")
+    kube.apply(example_job(setup.job_namespace))
+    version = job.wait_world(3, after=0)
+    job.wait_trained(version, steps_per_world)
+    say(f"world v{version} of 3 trains ({time.monotonic() - started:.0f}s)")
+    for replicas in (2, 3):
+        say(f"kubectl scale tj/{job.name} --replicas={replicas}")
+        job.scale(replicas)
+        version = job.wait_world(replicas, after=version)
+        job.wait_trained(version, steps_per_world)
+        say(f"world v{version} of {replicas} trains ({time.monotonic() - started:.0f}s)")
+    records = job.step_log()
+    check_contiguous(records)
+    spans = world_spans(records)
+    spec = kube.get("trainingjob", job.name, "-n", job.namespace)["spec"]
+    check_data_order(
+        records,
+        seed=int(spec["training"]["seed"]),
+        dataset_size=4096,
+        global_batch_size=int(spec["training"]["globalBatchSize"]),
+    )
+    found = resumes(job.log_lines())
+    check_resumes(found)
+    restored = {r.step for r in found}
+    if not {s.first_step for s in spans[1:]} <= restored:
+        raise DemoError(f"a world started at a step no checkpoint was restored at: {spans}")
+    worlds = "->".join(f"v{s.version}({s.size})" for s in spans)
+    resumed = ",".join(str(s.first_step) for s in spans[1:])
+    return f"worlds={worlds} steps={len(records)} resumed-from=[{resumed}] data-order=static"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m e2e.demo",
+        description="Elastra end to end: local cluster with a real node, Helm install, "
+        "cpu-tiny trained, scaled 3->2->3, checked; ends with one 'demo: OK|FAILED' line. "
+        f"{EXTERNAL_ENV}=<kubeconfig> uses that cluster instead of starting one.",
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the cluster, Elastra and the job running at the end (to look around)",
+    )
+    parser.add_argument(
+        "--steps-per-world",
+        type=int,
+        default=STEPS_PER_WORLD,
+        help="steps each world must train before the next resize (default %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    if args.steps_per_world < 1:
+        parser.error("--steps-per-world must be at least 1")
+    summary = ""
+    try:
+        say("starting the cluster (builds the toolchain and images when missing)")
+        with target_cluster(keep=args.keep) as target, contextlib.ExitStack() as stack:
+            kube = target.kube
+            host_dir = target.local_root / "volumes" / "cpu-tiny" if target.local_root else None
+            setup = Setup(host_dir=host_dir)
+            job = JobRun(kube, setup.job_namespace, "cpu-tiny")
+            elastra = Elastra(kube, setup, job)
+            if not args.keep:
+                stack.callback(_cleanup, elastra)
+            say(f"installing Elastra with Helm into {setup.operator_namespace} (restricted)")
+            for namespace in (setup.operator_namespace, setup.job_namespace):
+                restricted_namespace(kube, namespace)
+            checkpoint_storage(kube, setup)
+            helm_install(kube, setup)
+            summary = run_demo(elastra, steps_per_world=args.steps_per_world)
+            if args.keep:
+                where = target.local_root / "env" if target.local_root else "your kubeconfig"
+                say(f"left running (--keep): . {where}; kubectl get tj -A")
+    except (DemoError, TrainLogError, KubeError, WaitTimeoutError, OSError) as err:
+        print(f"demo: FAILED {_one_line(err)}", flush=True)
+        return 1
+    print(f"demo: OK {summary}", flush=True)
+    return 0
+
+
+def _cleanup(elastra: Elastra) -> None:
+    say("cleaning up: job, release, namespaces")
+    for step in (
+        lambda: elastra.job.delete(timeout=240),
+        lambda: helm_uninstall(elastra.kube, elastra.setup),
+        lambda: elastra.kube.kubectl(
+            "delete", "namespace", elastra.setup.job_namespace, elastra.setup.operator_namespace
+        ),
+        lambda: elastra.kube.kubectl("delete", "pv", elastra.setup.volume_name),
+    ):
+        with contextlib.suppress(KubeError, WaitTimeoutError):
+            step()
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())[:600] or type(err).__name__
+
+
+if __name__ == "__main__":
+    sys.exit(main())
