@@ -8,7 +8,7 @@ NotReady) become the few states the resize policy decides on.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +21,7 @@ from elastra.controller.manifests import (
     GANG_GATE,
     LABEL_SLOT,
 )
+from elastra.controller.memo import LastOf
 from elastra.elastic.workers import NodeHealth, NodeName, PodName, WorkerView, classify
 
 JsonDict = dict[str, Any]
@@ -62,8 +63,12 @@ def format_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def node_health(nodes: Iterable[Mapping[str, Any]]) -> dict[str, NodeHealth]:
-    """Health of every node by name."""
+def node_health(nodes: Sequence[Mapping[str, Any]]) -> Mapping[str, NodeHealth]:
+    """Health of every node by name (computed once per listing: see ``memo``)."""
+    return _HEALTH.get(nodes, _node_health)
+
+
+def _node_health(nodes: Sequence[Mapping[str, Any]]) -> Mapping[str, NodeHealth]:
     health: dict[str, NodeHealth] = {}
     for node in nodes:
         name = str((node.get("metadata") or {}).get("name", ""))
@@ -74,6 +79,7 @@ def node_health(nodes: Iterable[Mapping[str, Any]]) -> dict[str, NodeHealth]:
     return health
 
 
+_HEALTH: LastOf[Sequence[Mapping[str, Any]], Mapping[str, NodeHealth]] = LastOf()
 _MISSING = NodeHealth(exists=False, ready=False, schedulable=False)
 
 

@@ -79,6 +79,8 @@ class Observation:
     cluster_pods: Sequence[JsonDict]
     jobs: Sequence[JsonDict] = ()
     """Every TrainingJob (raw), for sharing scarce GPUs with starved jobs."""
+    reserved: Sequence[JsonDict] = ()
+    """Pods being created (by any job's pass) that the listing does not show yet."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,9 @@ def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> Pa
             message=f"worker {first.name} exited with permanent code {first.exit_code}",
         )
 
-    own = cluster_inventory(obs.nodes, obs.cluster_pods, own_job=job.metadata.name)
+    own = cluster_inventory(
+        obs.nodes, obs.cluster_pods, own_job=job.metadata.name, extra=obs.reserved
+    )
     placement, backoff_left = _placement(job, own, facts, job.spec.replicas, now)
     impossible = _impossible(job, obs.nodes) if placement.reason and not facts else None
     planned = job.spec.replicas if not placement.target else placement.target
@@ -143,6 +147,7 @@ def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> Pa
         obs.cluster_pods,
         wanted=min(job.spec.replicas, max(planned, len(status.world.ranks))),
         free=len(placement.pods),
+        reserved=obs.reserved,
     )
     move = _move(job, own, facts, desired, settings) if not placement.pods else None
     if move is not None:

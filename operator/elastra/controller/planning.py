@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from elastra.api import PlanStatus, TrainingJob
 from elastra.controller.manifests import ANNOTATION_NODE, LABEL_JOB
+from elastra.controller.memo import LastOf
 from elastra.controller.observe import PodFacts
 from elastra.errors import UserError
 from elastra.planner import Inventory, JobRequirements, Plan, parse_inventory, plan_job
 from elastra.planner.catalog import matches
 from elastra.planner.fromspec import requirements_from_spec
-from elastra.planner.inventory import ExcludedNode, NodeCapacity, NodeName
+from elastra.planner.inventory import ExcludedNode, NodeCapacity, NodeName, pod_usage
 
 JsonDict = Mapping[str, Any]
 
@@ -66,28 +67,108 @@ class WorldPlan:
 
 
 def cluster_inventory(
-    nodes: Iterable[JsonDict], pods: Iterable[JsonDict], *, own_job: str | None = None
+    nodes: Sequence[JsonDict],
+    pods: Sequence[JsonDict],
+    *,
+    own_job: str | None = None,
+    extra: Sequence[JsonDict] = (),
 ) -> Inventory:
     """Capacity left by every pod except ``own_job``'s, counting pods not yet bound.
 
     Elastra's gated pods are not bound yet but will be: they count against the node named in
     their ``elastra.dev/node`` annotation, so two jobs never plan onto the same free GPUs.
+    ``extra`` are pods being created that no listing shows yet (the operator's reservations).
+
+    Every job's pass asks this of the same listing, so when ``nodes`` and ``pods`` are tuples
+    (immutable: the snapshot's listings) the parsed nodes and the usage of the listed pods are
+    computed once per listing and each pass only subtracts its own job's share: on a cluster
+    of a thousand nodes and thousands of pods, parsing them per pass was most of the
+    operator's CPU. Lists, which callers may change, are parsed every time.
     """
-    holding = [_as_bound(p) for p in pods if _labels(p).get(LABEL_JOB) != own_job or not own_job]
+    base = _NODES.get(nodes, _parse_nodes)
+    usage = _USAGE.get(pods, _usage_by_job)
+    used_gpus = dict(usage.gpus)
+    used_cpu = dict(usage.cpu)
+    if own_job:
+        for node, (gpus, cpu) in usage.by_job.get(own_job, {}).items():
+            used_gpus[node] -= gpus
+            used_cpu[node] -= cpu
+    for pod in extra:
+        if own_job and _labels(pod).get(LABEL_JOB) == own_job:
+            continue
+        node, gpus, cpu = _usage_of(pod)
+        if node:
+            used_gpus[node] = used_gpus.get(node, 0) + gpus
+            used_cpu[node] = used_cpu.get(node, 0) + cpu
+    return Inventory(
+        nodes=tuple(
+            dataclasses.replace(
+                n,
+                free_gpus=max(0, n.free_gpus - used_gpus.get(n.name, 0)),
+                free_cpu_millis=max(0, n.free_cpu_millis - used_cpu.get(n.name, 0)),
+            )
+            if used_gpus.get(n.name) or used_cpu.get(n.name)
+            else n
+            for n in base.nodes
+        ),
+        excluded=base.excluded,
+    )
+
+
+@dataclass(frozen=True)
+class _Usage:
+    """GPUs and CPU millicores the listed pods hold per node, in all and per Elastra job."""
+
+    gpus: Mapping[str, int]
+    cpu: Mapping[str, int]
+    by_job: Mapping[str, Mapping[str, tuple[int, int]]]
+
+
+def _parse_nodes(nodes: Sequence[JsonDict]) -> Inventory:
     # Items of a list response carry no ``kind``; the planner's parser wants one.
     node_list = [{**node, "kind": "Node"} for node in nodes]
     try:
-        return parse_inventory(node_list, holding)
+        return parse_inventory(node_list)
     except UserError:
-        return _inventory_node_by_node(node_list, holding)
+        return _inventory_node_by_node(node_list)
 
 
-def _inventory_node_by_node(nodes: Sequence[JsonDict], pods: Sequence[JsonDict]) -> Inventory:
+def _usage_by_job(pods: Sequence[JsonDict]) -> _Usage:
+    gpus: Counter[str] = Counter()
+    cpu: Counter[str] = Counter()
+    by_job: dict[str, dict[str, tuple[int, int]]] = {}
+    for pod in pods:
+        node, pod_gpus, pod_cpu = _usage_of(pod)
+        if not node:
+            continue
+        gpus[node] += pod_gpus
+        cpu[node] += pod_cpu
+        job = _labels(pod).get(LABEL_JOB)
+        if job:
+            held = by_job.setdefault(job, {})
+            before = held.get(node, (0, 0))
+            held[node] = (before[0] + pod_gpus, before[1] + pod_cpu)
+    return _Usage(gpus=gpus, cpu=cpu, by_job=by_job)
+
+
+def _usage_of(pod: JsonDict) -> tuple[str, int, int]:
+    """A pod's (node, GPUs, CPU), with a gated pod counted on its planned node."""
+    try:
+        return pod_usage(_as_bound(pod))
+    except UserError:
+        return "", 0, 0  # a pod with an unreadable quantity: the scheduler rejects it too
+
+
+_NODES: LastOf[Sequence[JsonDict], Inventory] = LastOf()
+_USAGE: LastOf[Sequence[JsonDict], _Usage] = LastOf()
+
+
+def _inventory_node_by_node(nodes: Sequence[JsonDict]) -> Inventory:
     good: list[NodeCapacity] = []
     excluded: list[ExcludedNode] = []
     for node in nodes:
         try:
-            parsed = parse_inventory([node], pods)
+            parsed = parse_inventory([node])
         except UserError as err:
             name = str((node.get("metadata") or {}).get("name", "?"))
             excluded.append(ExcludedNode(NodeName(name), str(err)))

@@ -13,6 +13,7 @@ one re-reads. Nothing here swallows other errors; the caller logs them and retri
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -44,11 +45,14 @@ def utc_now() -> datetime:
 
 @dataclass(frozen=True)
 class Cluster:
-    """What every job's pass shares: all nodes, all pods, all TrainingJobs."""
+    """What every job's pass shares: all nodes, all pods, all TrainingJobs (as listed, in
+    tuples so derived values can be cached per listing), and the pods being created that the
+    listing does not show yet."""
 
-    nodes: list[JsonDict]
-    pods: list[JsonDict]
-    jobs: list[JsonDict]
+    nodes: tuple[JsonDict, ...]
+    pods: tuple[JsonDict, ...]
+    jobs: tuple[JsonDict, ...]
+    reserved: tuple[JsonDict, ...] = ()
 
 
 @dataclass
@@ -76,7 +80,7 @@ class ClusterSnapshot:
     kube: Kube
     ttl_s: float = 1.0
     _taken: float = -1e9
-    _cluster: Cluster = field(default_factory=lambda: Cluster([], [], []))
+    _cluster: Cluster = field(default_factory=lambda: Cluster((), (), ()))
     _listed: frozenset[tuple[str, str]] = frozenset()
     _reserved: dict[tuple[str, str], _Reservation] = field(default_factory=dict)
     _list_cost: float = 0.0
@@ -92,7 +96,7 @@ class ClusterSnapshot:
                     resources.list_pods(self.kube),
                     resources.list_jobs(self.kube),
                 )
-                self._cluster = Cluster(nodes=nodes, pods=pods, jobs=jobs)
+                self._cluster = Cluster(nodes=tuple(nodes), pods=tuple(pods), jobs=tuple(jobs))
                 self._listed = frozenset(_key(p) for p in pods)
                 self._taken = time.monotonic()
                 self._list_cost = self._taken - started
@@ -101,12 +105,10 @@ class ClusterSnapshot:
                     for k, r in self._reserved.items()
                     if r.settled is None or r.settled >= started
                 }
-        extra = [r.pod for k, r in self._reserved.items() if k not in self._listed]
+        extra = tuple(r.pod for k, r in self._reserved.items() if k not in self._listed)
         if not extra:
             return self._cluster
-        return Cluster(
-            nodes=self._cluster.nodes, pods=[*self._cluster.pods, *extra], jobs=self._cluster.jobs
-        )
+        return dataclasses.replace(self._cluster, reserved=extra)
 
     def reserve(self, pods: Sequence[JsonDict]) -> None:
         """Count ``pods`` as placed from now on (call before awaiting anything after planning)."""
@@ -153,7 +155,9 @@ async def reconcile(
             return None
         pods = await resources.list_pods(kube, namespace, selector=selector(name))
         cluster = await snapshot.read()
-        observed = Observation(job, pods, cluster.nodes, cluster.pods, jobs=cluster.jobs)
+        observed = Observation(
+            job, pods, cluster.nodes, cluster.pods, jobs=cluster.jobs, reserved=cluster.reserved
+        )
         plan = plan_pass(observed, settings, clock())
         snapshot.reserve(plan.creates)
         try:

@@ -12,6 +12,7 @@ from typing import Any
 
 from elastra.api import TrainingJob
 from elastra.controller.manifests import LABEL_JOB
+from elastra.controller.memo import LastOf
 from elastra.controller.observe import PodFacts
 from elastra.elastic.share import Claim, shared_desired
 from elastra.elastic.workers import WorkerState
@@ -37,6 +38,7 @@ def desired(
     *,
     wanted: int,
     free: int,
+    reserved: Sequence[JsonDict] = (),
 ) -> int:
     """``wanted`` (the planned size), lowered while a starved job needs GPUs this job holds."""
     held = sum(1 for f in facts.values() if f.view.state in _LIVE)
@@ -48,7 +50,7 @@ def desired(
         starved=_starved(job.status.model_dump(by_alias=True), job.spec.suspend),
         gpu_types=frozenset(placed or job.spec.worker.gpu_types),
     )
-    counts = _live_pods(cluster_pods)
+    counts = _LIVE_PODS.get(cluster_pods, _live_pods) + _live_pods(reserved)
     others = [
         claim for raw in jobs if (claim := _claim(raw, counts)) is not None and claim.key != me.key
     ]
@@ -91,6 +93,9 @@ def _starved(status: JsonDict, suspended: bool) -> bool:
         and degraded.get("status") == "True"
         and degraded.get("reason") == "InsufficientCapacity"
     )
+
+
+_LIVE_PODS: LastOf[Sequence[JsonDict], Counter[str]] = LastOf()
 
 
 def _live_pods(pods: Sequence[JsonDict]) -> Counter[str]:

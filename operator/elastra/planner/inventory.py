@@ -123,7 +123,7 @@ def parse_inventory(
     used_gpus: dict[str, int] = {}
     used_cpu: dict[str, int] = {}
     for pod in pods:
-        node_name, gpus, cpu = _pod_usage(pod)
+        node_name, gpus, cpu = pod_usage(pod)
         if node_name:
             used_gpus[node_name] = used_gpus.get(node_name, 0) + gpus
             used_cpu[node_name] = used_cpu.get(node_name, 0) + cpu
@@ -274,7 +274,7 @@ def _unschedulable_reason(
     return ""
 
 
-def _pod_usage(pod: Mapping[str, Any]) -> tuple[str, int, int]:
+def pod_usage(pod: Mapping[str, Any]) -> tuple[str, int, int]:
     """(node name, GPUs, CPU millicores) a pod holds; nothing for finished or unbound pods."""
     spec = pod.get("spec") or {}
     phase = (pod.get("status") or {}).get("phase")

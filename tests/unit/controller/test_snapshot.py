@@ -10,7 +10,7 @@ import asyncio
 from typing import Any, cast
 
 from elastra.controller.planning import cluster_inventory
-from elastra.controller.reconcile import ClusterSnapshot
+from elastra.controller.reconcile import Cluster, ClusterSnapshot
 from elastra.kube.client import Kube
 from tests.unit.controller.fakecluster import node
 
@@ -48,8 +48,8 @@ def gated_pod(name: str, *, node_name: str = "n1", gpus: int = 4) -> dict[str, A
     }
 
 
-def free_gpus(cluster_pods: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> int:
-    inventory = cluster_inventory(nodes, cluster_pods)
+def free_gpus(cluster: Cluster) -> int:
+    inventory = cluster_inventory(cluster.nodes, cluster.pods, extra=cluster.reserved)
     return sum(n.free_gpus for n in inventory.nodes)
 
 
@@ -63,11 +63,11 @@ def test_a_reserved_pod_holds_its_gpus_before_any_listing_shows_it() -> None:
 
     async def run() -> None:
         first = await snap.read()
-        assert free_gpus(first.pods, first.nodes) == 8
+        assert free_gpus(first) == 8
         snap.reserve([gated_pod("a-0")])
         second = await snap.read()
         assert listing.calls == 3, "the reservation must not need a fresh listing"
-        assert free_gpus(second.pods, second.nodes) == 4
+        assert free_gpus(second) == 4
 
     asyncio.run(run())
 
@@ -79,7 +79,7 @@ def test_a_reservation_ends_only_with_a_listing_started_after_its_create_returne
 
     async def fresh() -> int:
         snap.invalidate()
-        return free_gpus((await snap.read()).pods, listing.nodes)
+        return free_gpus(await snap.read())
 
     async def run() -> None:
         snap.reserve([pod])
@@ -103,7 +103,7 @@ def test_a_listed_pod_is_not_counted_twice() -> None:
         listing.pods.append(pod)
         snap.invalidate()
         cluster = await snap.read()
-        assert len(cluster.pods) == 1
-        assert free_gpus(cluster.pods, cluster.nodes) == 4
+        assert len(cluster.pods) == 1 and not cluster.reserved
+        assert free_gpus(cluster) == 4
 
     asyncio.run(run())
