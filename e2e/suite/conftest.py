@@ -10,7 +10,9 @@ removes the job, the release, the namespaces and the volume, and stops a cluster
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Callable, Iterator
+from types import FrameType
 
 import pytest
 from e2e.elasticjob import Elastra, JobRun, example_job
@@ -27,6 +29,13 @@ from e2e.target import Target, target_cluster
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: real pods on a real cluster (e2e/suite)")
+    # A CI timeout sends SIGTERM: turn it into an interrupt so that the fixtures' clean-up
+    # (job, release, namespaces, and `down` of a cluster this run started) still runs.
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
