@@ -3,8 +3,10 @@
 Prints, measured in one run on the same local control plane:
 - the time until every worker pod of every job is Running, as a ratio to the time a plain
   client needs to create the same pods directly (same API server, scheduler and kwok);
-- API requests the operator made per job (its own Prometheus counter);
-- the operator's resident memory.
+- API requests per job, the operator's (its own Prometheus counter; Kopf's few watch streams
+  are not counted) against the plain client's (creates and its polling);
+- CPU seconds, the operator process's against the plain client's (this process during the
+  baseline), and the operator's resident memory.
 
 Absolute seconds are printed for context only: these machines are shared and noisy.
 Environment: ELASTRA_BENCH_JOBS (300), ELASTRA_BENCH_WORKERS (8), ELASTRA_BENCH_FLEET
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,7 @@ sys.path.insert(0, str(REPO))
 from e2e.cluster.controlplane import Layout, apply_fleet, down, up  # noqa: E402
 
 from elastra.kube import resources  # noqa: E402
-from elastra.kube.client import Kube, gather_limited  # noqa: E402
+from elastra.kube.client import API_REQUESTS, Kube, gather_limited  # noqa: E402
 from elastra.kube.config import load_connection  # noqa: E402
 
 JOBS = int(os.environ.get("ELASTRA_BENCH_JOBS", "300"))
@@ -110,12 +113,28 @@ async def wait_running(kube: Kube, selector: str, want: int, *, timeout: float) 
     raise TimeoutError(f"{selector}: fewer than {want} pods Running after {timeout:.0f}s")
 
 
-async def baseline(kube: Kube) -> float:
+@dataclass(frozen=True)
+class Baseline:
+    """What the plain client spent to get every pod Running."""
+
+    seconds: float
+    requests: float
+    cpu_seconds: float
+
+
+async def baseline(kube: Kube) -> Baseline:
     """A plain client creates the same number of pods directly; seconds to all Running."""
     start = time.monotonic()
+    cpu = time.process_time()
+    requests = client_requests()
     pods = [plain_pod(i, w) for i in range(JOBS) for w in range(WORKERS)]
     await gather_limited(16, *(resources.create_pod(kube, NAMESPACE, p) for p in pods))
     end = await wait_running(kube, "bench=plain", len(pods), timeout=1800)
+    spent = Baseline(
+        seconds=end - start,
+        requests=client_requests() - requests,
+        cpu_seconds=time.process_time() - cpu,
+    )
     await gather_limited(
         16,
         *(
@@ -125,7 +144,23 @@ async def baseline(kube: Kube) -> float:
     )
     while await resources.list_pods(kube, NAMESPACE, selector="bench=plain"):
         await asyncio.sleep(1.0)
-    return end - start
+    return spent
+
+
+def client_requests() -> float:
+    """Requests this process's Kube clients made so far (the plain client's own counter)."""
+    return sum(
+        sample.value
+        for metric in API_REQUESTS.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def with_operator(kube: Kube) -> float:
@@ -163,8 +198,8 @@ async def run(kubeconfig: Path) -> None:
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
         )
         say(f"baseline: a plain client creates {JOBS * WORKERS} pods ...")
-        plain_s = await baseline(kube)
-        say(f"baseline: {plain_s:.1f}s")
+        plain = await baseline(kube)
+        say(f"baseline: {plain.seconds:.1f}s, {plain.requests:.0f} requests")
         metrics_port = 18480
         operator = subprocess.Popen(
             [sys.executable, "-m", "elastra.cli", "run", f"--kubeconfig={kubeconfig}",
@@ -180,22 +215,30 @@ async def run(kubeconfig: Path) -> None:
                 text = reply.read().decode()
             requests = metric_sum(text, "elastra_api_requests_total")
             memory = rss_mib(operator.pid)
+            cpu = cpu_seconds(operator.pid)
         finally:
             operator.terminate()
             operator.wait(timeout=30)
     result = {
         "jobs": JOBS,
         "workersPerJob": WORKERS,
-        "plainClientSeconds": round(plain_s, 1),
+        "plainClientSeconds": round(plain.seconds, 1),
         "operatorSeconds": round(elastra_s, 1),
-        "ratioOperatorToPlain": round(elastra_s / plain_s, 2),
+        "ratioOperatorToPlain": round(elastra_s / plain.seconds, 2),
         "apiRequestsPerJob": round(requests / JOBS, 1),
+        "plainRequestsPerJob": round(plain.requests / JOBS, 1),
+        "requestRatio": round(requests / max(plain.requests, 1), 2),
+        "operatorCpuSeconds": round(cpu, 1),
+        "plainClientCpuSeconds": round(plain.cpu_seconds, 1),
+        "cpuRatio": round(cpu / max(plain.cpu_seconds, 1e-3), 2),
         "operatorRssMiB": round(memory, 1),
     }
     say(
         f"time to place every pod: operator / plain client = {result['ratioOperatorToPlain']}x "
-        f"(target < 2x); {result['apiRequestsPerJob']} API requests per job; operator RSS "
-        f"{result['operatorRssMiB']} MiB (target < 300)"
+        f"(target < 2x); API requests per job {result['apiRequestsPerJob']} vs "
+        f"{result['plainRequestsPerJob']} ({result['requestRatio']}x); CPU "
+        f"{result['operatorCpuSeconds']} s vs {result['plainClientCpuSeconds']} s "
+        f"({result['cpuRatio']}x); operator RSS {result['operatorRssMiB']} MiB (target < 300)"
     )
     print(json.dumps(result), flush=True)
 
