@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -145,8 +146,9 @@ def _cleanup(elastra: Elastra) -> None:
             "delete", "namespace", elastra.setup.job_namespace, elastra.setup.operator_namespace
         ),
         lambda: elastra.kube.kubectl("delete", "pv", elastra.setup.volume_name),
+        lambda: shutil.rmtree(elastra.setup.host_dir) if elastra.setup.host_dir else None,
     ):
-        with contextlib.suppress(KubeError, WaitTimeoutError):
+        with contextlib.suppress(KubeError, WaitTimeoutError, OSError):
             step()
 
 

@@ -175,3 +175,5 @@ class Elastra:
     setup: Setup
     job: JobRun
     installed: bool = True
+    install_warnings: str = ""
+    """helm install's stderr."""

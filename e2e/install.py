@@ -104,15 +104,19 @@ def checkpoint_storage(kube: Kube, setup: Setup) -> None:
     kube.apply([volume, claim])
 
 
-def helm_install(kube: Kube, setup: Setup, *extra: str) -> None:
-    """`helm install` the chart with the local operator image; waits for the Deployment."""
-    kube.helm(
+def helm_install(kube: Kube, setup: Setup, *extra: str) -> str:
+    """`helm install` the chart with the local operator image; waits for the Deployment.
+
+    Returns helm's stderr: the API server's warnings (a namespace labelled ``warn:
+    restricted`` answers with "would violate PodSecurity" there) for the caller to judge.
+    """
+    return kube.helm_run(
         "install", setup.release, str(CHART),
         f"--namespace={setup.operator_namespace}",
         f"--set=image.repository={OPERATOR_IMAGE}", "--set=image.tag=dev",
         "--set=image.pullPolicy=Never", "--set=logFormat=plain",
         *extra, "--wait", "--timeout=5m",
-    )  # fmt: skip
+    ).stderr  # fmt: skip
 
 
 def leftovers(kube: Kube, setup: Setup) -> list[str]:
@@ -180,9 +184,17 @@ def rbac_against_golden(kube: Kube, setup: Setup) -> dict[str, tuple[set[Rule], 
     return diffs
 
 
+DENIAL_WORDS = ("forbidden", "violates podsecurity", "would violate", "denied")
+
+
+def denials(text: str) -> list[str]:
+    """Lines of a log or of helm's warnings that say the API server refused something."""
+    return [line for line in text.splitlines() if any(w in line.lower() for w in DENIAL_WORDS)]
+
+
 def denied_events(kube: Kube, namespaces: Iterable[str]) -> list[str]:
     """Warnings that mean the API server or a controller refused something we asked for."""
-    refused = ("forbidden", "violates podsecurity", "failedcreate", "denied")
+    refused = (*DENIAL_WORDS, "failedcreate")
     found = []
     for ns in namespaces:
         for event in kube.items("events", "-n", ns, "--field-selector=type=Warning"):

@@ -50,7 +50,11 @@ class Kube:
         return self._run("kubectl", args, stdin, check, timeout).stdout
 
     def helm(self, *args: str, timeout: float = 600) -> str:
-        return self._run("helm", args, None, True, timeout).stdout
+        return self.helm_run(*args, timeout=timeout).stdout
+
+    def helm_run(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """helm, with its stderr too (where the API server's admission warnings show)."""
+        return self._run("helm", args, None, True, timeout)
 
     def get(self, *args: str) -> Any:
         """kubectl get ... -o json, parsed."""

@@ -10,6 +10,7 @@ removes the job, the release, the namespaces and the volume, and stops a cluster
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -40,7 +41,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if "e2e/suite" in str(item.path) and "trainlog" not in item.path.name:
+        if item.path.name == "test_cpu_tiny.py":  # the others judge the checks, no cluster
             item.add_marker(pytest.mark.e2e)
 
 
@@ -61,7 +62,7 @@ def elastra(target: Target) -> Iterator[Elastra]:
         for namespace in (setup.operator_namespace, setup.job_namespace):
             restricted_namespace(kube, namespace)
         checkpoint_storage(kube, setup)
-        helm_install(kube, setup)
+        state.install_warnings = helm_install(kube, setup)
         yield state
     finally:
         cleanup(state)
@@ -76,7 +77,8 @@ def cleanup(state: Elastra) -> None:
         lambda: kube.kubectl("delete", "namespace", setup.job_namespace, "--ignore-not-found"),
         lambda: kube.kubectl("delete", "namespace", setup.operator_namespace, "--ignore-not-found"),
         lambda: kube.kubectl("delete", "pv", setup.volume_name, "--ignore-not-found"),
+        lambda: shutil.rmtree(setup.host_dir) if setup.host_dir else None,
     ]
     for step in steps:
-        with contextlib.suppress(KubeError, TimeoutError):
+        with contextlib.suppress(KubeError, TimeoutError, OSError):
             step()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from e2e.elasticjob import Elastra, example_job
-from e2e.install import denied_events, leftovers, rbac_against_golden, wait_nothing_left
+from e2e.install import denials, denied_events, leftovers, rbac_against_golden, wait_nothing_left
 from e2e.kube import wait_for
 from e2e.trainlog import (
     check_contiguous,
@@ -168,9 +168,16 @@ def test_no_step_lost_and_the_data_order_held(elastra: Elastra) -> None:
 
 
 def test_nothing_was_denied(elastra: Elastra) -> None:
-    setup = elastra.setup
-    denied = denied_events(elastra.kube, (setup.operator_namespace, setup.job_namespace))
-    assert denied == []
+    """Pod Security "restricted" admitted everything: no warning at install, no refusal
+    event, and the operator (which creates the worker pods itself) was never refused."""
+    kube, setup = elastra.kube, elastra.setup
+    assert denials(elastra.install_warnings) == []
+    assert denied_events(kube, (setup.operator_namespace, setup.job_namespace)) == []
+    operator_log = kube.kubectl(
+        "logs", "-n", setup.operator_namespace, f"deployment/{setup.release}", "--tail=-1"
+    )
+    assert operator_log.strip(), "the operator logged nothing"
+    assert denials(operator_log) == []
 
 
 def test_helm_uninstall_leaves_nothing_behind(elastra: Elastra) -> None:
