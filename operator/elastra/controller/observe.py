@@ -159,3 +159,62 @@ def _int(value: Any, default: Any) -> Any:
         return int(value)
     except (TypeError, ValueError):
         return default
+
+
+def slim_node(node: Mapping[str, Any]) -> JsonDict:
+    """The parts of a Node the planner and node health read, for the shared snapshot.
+
+    Real nodes carry kilobytes the operator never reads (``status.images``, ``nodeInfo``,
+    managed fields); the snapshot holds every node between listings, so it keeps only these.
+    """
+    meta = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "labels": meta.get("labels") or {},
+            "annotations": meta.get("annotations") or {},
+        },
+        "spec": {"unschedulable": spec.get("unschedulable"), "taints": spec.get("taints")},
+        "status": {
+            "allocatable": status.get("allocatable") or {},
+            "conditions": [
+                {"type": c.get("type"), "status": c.get("status")}
+                for c in status.get("conditions") or []
+            ],
+        },
+    }
+
+
+def slim_pod(pod: Mapping[str, Any]) -> JsonDict:
+    """The parts of any pod that capacity and sharing read, for the shared snapshot.
+
+    Where it runs or will run (``nodeName``, or a gated Elastra pod's planned node), what its
+    containers request, whether it still holds them (phase, deletion) and whose job it is.
+    """
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    slim_meta: JsonDict = {
+        "name": meta.get("name"),
+        "namespace": meta.get("namespace"),
+        "labels": meta.get("labels") or {},
+    }
+    if ANNOTATION_NODE in annotations:
+        slim_meta["annotations"] = {ANNOTATION_NODE: annotations[ANNOTATION_NODE]}
+    if meta.get("deletionTimestamp"):
+        slim_meta["deletionTimestamp"] = meta["deletionTimestamp"]
+    return {
+        "metadata": slim_meta,
+        "spec": {
+            "nodeName": spec.get("nodeName"),
+            "containers": [
+                {"resources": c.get("resources") or {}} for c in spec.get("containers") or []
+            ],
+            "initContainers": [
+                {"resources": c.get("resources") or {}} for c in spec.get("initContainers") or []
+            ],
+        },
+        "status": {"phase": (pod.get("status") or {}).get("phase")},
+    }

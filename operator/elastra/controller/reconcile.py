@@ -24,6 +24,7 @@ from typing import Any
 from elastra.api import parse_trainingjob
 from elastra.controller import metrics
 from elastra.controller.manifests import headless_service, selector
+from elastra.controller.observe import slim_node, slim_pod
 from elastra.controller.passplan import Observation, PassPlan, plan_pass
 from elastra.controller.settings import OperatorSettings
 from elastra.errors import UserError
@@ -96,7 +97,11 @@ class ClusterSnapshot:
                     resources.list_pods(self.kube),
                     resources.list_jobs(self.kube),
                 )
-                self._cluster = Cluster(nodes=tuple(nodes), pods=tuple(pods), jobs=tuple(jobs))
+                self._cluster = Cluster(
+                    nodes=tuple(slim_node(n) for n in nodes),
+                    pods=tuple(slim_pod(p) for p in pods),
+                    jobs=tuple(jobs),
+                )
                 self._listed = frozenset(_key(p) for p in pods)
                 self._taken = time.monotonic()
                 self._list_cost = self._taken - started
@@ -113,7 +118,7 @@ class ClusterSnapshot:
     def reserve(self, pods: Sequence[JsonDict]) -> None:
         """Count ``pods`` as placed from now on (call before awaiting anything after planning)."""
         for pod in pods:
-            self._reserved[_key(pod)] = _Reservation(pod)
+            self._reserved[_key(pod)] = _Reservation(slim_pod(pod))
 
     def settle(self, pods: Sequence[JsonDict]) -> None:
         """The creates of ``pods`` returned: the next listing tells the truth about them."""

@@ -7,10 +7,13 @@ server is exercised by tests/integration and bench/bench_operator_scale.py.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, cast
 
+from elastra.controller.observe import _node_health, slim_node, slim_pod
 from elastra.controller.planning import cluster_inventory
 from elastra.controller.reconcile import Cluster, ClusterSnapshot
+from elastra.controller.sharing import _live_pods
 from elastra.kube.client import Kube
 from tests.unit.controller.fakecluster import node
 
@@ -107,3 +110,29 @@ def test_a_listed_pod_is_not_counted_twice() -> None:
         assert free_gpus(cluster) == 4
 
     asyncio.run(run())
+
+
+def test_slim_listings_give_the_same_capacity_health_and_counts() -> None:
+    nodes = [node("n1", gpus=8), node("n2", gpus=8)]
+    nodes[1]["spec"] = {"unschedulable": True}
+    for n in nodes:
+        n["status"]["images"] = [{"names": ["big"], "sizeBytes": 1}] * 50
+        n["status"]["conditions"][0]["message"] = "kubelet is posting ready status"
+    bound = gated_pod("a-0")
+    bound["spec"].pop("schedulingGates")
+    bound["spec"]["nodeName"] = "n1"
+    bound["metadata"]["annotations"]["elastra.dev/assignment"] = "x" * 2000
+    finished = gated_pod("b-0")
+    finished["status"]["phase"] = "Succeeded"
+    deleting = gated_pod("c-0")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    pods = [bound, gated_pod("d-0"), finished, deleting]
+    slim_nodes = [slim_node(n) for n in nodes]
+    slim_pods = [slim_pod(p) for p in pods]
+    for own in (None, "a", "d"):
+        assert cluster_inventory(slim_nodes, slim_pods, own_job=own) == cluster_inventory(
+            nodes, pods, own_job=own
+        )
+    assert _node_health(slim_nodes) == _node_health(nodes)
+    assert _live_pods(slim_pods) == _live_pods(pods)
+    assert len(json.dumps(slim_pods)) < len(json.dumps(pods)) / 2
