@@ -36,9 +36,12 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--resync-seconds",
         type=int,
-        default=30,
+        default=300,
         metavar="S",
-        help="longest time between passes over a job (default 30)",
+        help=(
+            "longest time between passes over a job (default 300; watch events and the "
+            "policy's timers wake a job sooner)"
+        ),
     )
     parser.add_argument(
         "--grace-seconds",

@@ -105,6 +105,7 @@ class PassPlan:
     force_deletes: tuple[str, ...] = ()
     """Deletes without grace: pods whose node is gone (graceful deletion would never end)."""
     ungate: tuple[str, ...] = ()
+    """Pods whose gates come off, after every create of the pass succeeded."""
     requeue: timedelta | None = None
     decision: ResizeDecision | None = field(default=None, compare=False)
 
@@ -505,7 +506,10 @@ def _children(
         for new in placement.pods[: decision.create]
     )
     gated = [name for name, f in facts.items() if f.gated and name not in decision.delete]
-    ungate = tuple(sorted(gated)) if not creates else ()
+    # Gang admission: the batch is created gated and ungated only after every create of the
+    # pass returned (the reconciler stops at the first failed create), so a batch that fails
+    # halfway never holds GPUs, and one that succeeds needs no second pass to start.
+    ungate = tuple(sorted([*gated, *(str(p["metadata"]["name"]) for p in creates)]))
     return _Children(creates=creates, patches=tuple(patches), deletes=tuple(deletes), ungate=ungate)
 
 

@@ -40,8 +40,14 @@ class OperatorSettings:
     """Watch one namespace, or all when ``None``."""
     tolerations: tuple[Toleration, ...] = ()
     """Extra tolerations for worker pods (the local kwok fleet needs one)."""
-    resync: timedelta = timedelta(seconds=30)
-    """Longest time between two passes over a job when nothing happens."""
+    resync: timedelta = timedelta(seconds=300)
+    """Longest time between two passes over a job when nothing happens.
+
+    A safety net only: watch events on the job, its pods and the nodes wake a job, and every
+    timed step of the policy (settle window, pending grace, cooldown, retire timeout, backoff)
+    asks for its own pass. Each pass reads the job and lists its pods, so 300 jobs resyncing
+    every 30 s spent most of what a small API server serves on polling.
+    """
     termination_grace_seconds: int = 120
     """Time a worker has to checkpoint after SIGTERM before it is killed."""
     master_port_base: int = 29500

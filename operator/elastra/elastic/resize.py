@@ -141,6 +141,25 @@ class ResizeDecision:
 
 def decide(inp: ResizeInput, policy: ResizePolicy = ResizePolicy()) -> ResizeDecision:
     """Decide the next world (see the module docstring for the rules)."""
+    decision = _decide(inp, policy)
+    retire_left = _retire_left(inp, policy)
+    if retire_left is None:
+        return decision
+    recheck = min(retire_left, decision.recheck_after or retire_left)
+    return replace(decision, recheck_after=recheck)
+
+
+def _retire_left(inp: ResizeInput, policy: ResizePolicy) -> timedelta | None:
+    """Until the first retiring pod that still works runs out of time (it is deleted then)."""
+    left = [
+        policy.retire_timeout - (inp.now - w.retiring_since)
+        for w in inp.workers
+        if w.retiring_since is not None and w.state in (WorkerState.READY, WorkerState.PENDING)
+    ]
+    return max(min(left), timedelta(0)) if left else None
+
+
+def _decide(inp: ResizeInput, policy: ResizePolicy) -> ResizeDecision:
     done_retiring = _finished_retiring(inp, policy)
     retiring = {w.pod for w in inp.workers if w.retiring_since is not None}
     workers = [w for w in inp.workers if w.pod not in retiring]
