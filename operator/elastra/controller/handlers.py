@@ -30,6 +30,7 @@ from elastra.api import GROUP, PLURAL, VERSION
 from elastra.controller import metrics
 from elastra.controller.leader import LeaderElector
 from elastra.controller.manifests import LABEL_JOB
+from elastra.controller.progress import ProgressReader
 from elastra.controller.reconcile import ClusterSnapshot, reconcile
 from elastra.controller.settings import OperatorSettings
 from elastra.kube.client import ApiError, Kube
@@ -56,6 +57,7 @@ class Runtime:
     settings: OperatorSettings
     snapshot: ClusterSnapshot
     leader: LeaderElector
+    progress: ProgressReader | None = None
     loops: dict[JobKey, JobLoop] = field(default_factory=dict)
     node_prints: dict[str, str] = field(default_factory=dict)
 
@@ -85,6 +87,8 @@ class Runtime:
         loop = self.loops.pop(key, None)
         if loop is not None:
             loop.task.cancel()
+        if self.progress is not None:
+            self.progress.forget(*key)
         metrics.forget_job(*key)
 
     async def _run(self, key: JobKey, wake: asyncio.Event) -> None:
@@ -97,7 +101,12 @@ class Runtime:
                 continue
             try:
                 delay = await reconcile(
-                    self.kube, self.snapshot, namespace, name, settings=self.settings
+                    self.kube,
+                    self.snapshot,
+                    namespace,
+                    name,
+                    settings=self.settings,
+                    progress=self.progress,
                 )
             except (ApiError, aiohttp.ClientError, TimeoutError) as err:
                 log.warning("job %s/%s: pass failed, retrying: %s", namespace, name, err)

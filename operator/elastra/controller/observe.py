@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from elastra.api import TrainingJob
 from elastra.controller.manifests import (
     ANNOTATION_ASSIGNMENT,
     ANNOTATION_GPU_TYPE,
@@ -218,3 +219,69 @@ def slim_pod(pod: Mapping[str, Any]) -> JsonDict:
         },
         "status": {"phase": (pod.get("status") or {}).get("phase")},
     }
+
+
+GAUGES = {
+    "elastra_worker_step": "step",
+    "elastra_worker_samples_per_second": "samples_per_second",
+    "elastra_worker_last_checkpoint_step": "last_checkpoint_step",
+    "elastra_worker_world_version": "world_version",
+}
+
+
+@dataclass(frozen=True)
+class WorkerProgress:
+    """What rank 0 reported."""
+
+    step: int
+    samples_per_second: float
+    last_checkpoint_step: int | None
+    world_version: int | None
+
+
+def parse_metrics(text: str) -> WorkerProgress | None:
+    """The progress gauges of a worker's ``/metrics`` page; ``None`` before its first step."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, _, rest = line.partition(" ")
+        key = GAUGES.get(name)
+        if key is None:
+            continue
+        try:
+            values[key] = float(rest.split()[0])
+        except (IndexError, ValueError):
+            continue
+    if "step" not in values:
+        return None
+    checkpoint = values.get("last_checkpoint_step")
+    version = values.get("world_version")
+    return WorkerProgress(
+        step=int(values["step"]),
+        samples_per_second=max(0.0, values.get("samples_per_second", 0.0)),
+        last_checkpoint_step=int(checkpoint) if checkpoint is not None else None,
+        world_version=int(version) if version is not None else None,
+    )
+
+
+def rank0_address(
+    job: TrainingJob,
+    pods: Sequence[Mapping[str, Any]],
+    nodes: Sequence[Mapping[str, Any]],
+    skip: Sequence[str],
+) -> str | None:
+    """Rank 0's pod IP when it is running on a real (not simulated) node, else ``None``."""
+    leader = next((p.pod for p in job.status.placement if p.rank == 0), None)
+    if leader is None or not job.status.world.ranks:
+        return None
+    pod = next((p for p in pods if (p.get("metadata") or {}).get("name") == leader), None)
+    if pod is None or (pod.get("status") or {}).get("phase") != "Running":
+        return None
+    node_name = (pod.get("spec") or {}).get("nodeName")
+    node = next((n for n in nodes if (n.get("metadata") or {}).get("name") == node_name), None)
+    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+    if node is None or any(labels.get(k) == v for k, _, v in (s.partition("=") for s in skip)):
+        return None
+    ip = (pod.get("status") or {}).get("podIP")
+    return str(ip) if ip else None

@@ -26,6 +26,7 @@ from prometheus_client import start_http_server
 
 from elastra.controller.handlers import Runtime, register
 from elastra.controller.leader import LeaderElector, identity
+from elastra.controller.progress import ProgressReader
 from elastra.controller.reconcile import ClusterSnapshot
 from elastra.controller.settings import OperatorSettings
 from elastra.kube.client import ApiError, Kube
@@ -65,8 +66,13 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
     """The operator as a coroutine (tests run it in a thread with their own stop flag)."""
     kube = Kube(options.connection)
     leader = LeaderElector(kube=kube, namespace=options.lease_namespace, me=identity())
+    progress = ProgressReader(options.settings)
     rt = Runtime(
-        kube=kube, settings=options.settings, snapshot=ClusterSnapshot(kube), leader=leader
+        kube=kube,
+        settings=options.settings,
+        snapshot=ClusterSnapshot(kube),
+        leader=leader,
+        progress=progress,
     )
     electing = asyncio.create_task(leader.run(), name="leader election")
     registry = kopf.OperatorRegistry()
@@ -93,6 +99,7 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
             await leader.release()
         for key in list(rt.loops):
             await rt.stop(key)
+        await progress.close()
         await kube.close()
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from elastra.api import (
     ConditionType,
+    ProgressStatus,
     RankPlacement,
     ResizeRecord,
     TrainingJob,
@@ -38,7 +39,14 @@ from elastra.controller.manifests import (
     selector,
     worker_pod,
 )
-from elastra.controller.observe import PodFacts, format_time, node_health, parse_time, pod_facts
+from elastra.controller.observe import (
+    PodFacts,
+    WorkerProgress,
+    format_time,
+    node_health,
+    parse_time,
+    pod_facts,
+)
 from elastra.controller.planning import (
     NewPod,
     Placement,
@@ -81,6 +89,8 @@ class Observation:
     """Every TrainingJob (raw), for sharing scarce GPUs with starved jobs."""
     reserved: Sequence[JsonDict] = ()
     """Pods being created (by any job's pass) that the listing does not show yet."""
+    progress: WorkerProgress | None = None
+    """What the world's rank 0 reported, when it was read this pass."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +184,7 @@ def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> Pa
     )
     return _act(
         job,
+        progress=obs.progress,
         facts=facts,
         impossible=impossible,
         inventory=own,
@@ -199,6 +210,7 @@ def _impossible(job: TrainingJob, nodes: Sequence[JsonDict]) -> str | None:
 def _act(
     job: TrainingJob,
     *,
+    progress: WorkerProgress | None,
     facts: Mapping[str, PodFacts],
     impossible: str | None,
     inventory: Inventory,
@@ -292,6 +304,7 @@ def _act(
             "restarts": restarts,
             "resizes": resizes,
             "last_resize_time": last_resize,
+            "progress": _progress(status, progress, version=world.version),
         }
     )
     new_status = new_status.model_copy(update={"phase": phase_of(new_status.conditions)})
@@ -319,6 +332,19 @@ def _act(
         ungate=children.ungate,
         requeue=min(waits, default=None),
         decision=decision,
+    )
+
+
+def _progress(
+    status: TrainingJobStatus, read: WorkerProgress | None, *, version: int
+) -> ProgressStatus:
+    """Rank 0's report when it speaks for the current world; otherwise what was recorded."""
+    if read is None or (read.world_version is not None and read.world_version != version):
+        return status.progress
+    return ProgressStatus(
+        step=read.step,
+        samples_per_second=round(read.samples_per_second),
+        last_checkpoint_step=read.last_checkpoint_step,
     )
 
 

@@ -26,6 +26,7 @@ from elastra.controller import metrics
 from elastra.controller.manifests import headless_service, selector
 from elastra.controller.observe import slim_node, slim_pod
 from elastra.controller.passplan import Observation, PassPlan, plan_pass
+from elastra.controller.progress import ProgressReader
 from elastra.controller.settings import OperatorSettings
 from elastra.errors import UserError
 from elastra.kube import resources
@@ -146,8 +147,13 @@ async def reconcile(
     *,
     settings: OperatorSettings,
     clock: Clock = utc_now,
+    progress: ProgressReader | None = None,
 ) -> timedelta | None:
-    """Run one pass over a job; returns when the next pass is due (``None``: on events only)."""
+    """Run one pass over a job; returns when the next pass is due (``None``: on events only).
+
+    With a ``progress`` reader, a job whose rank 0 runs on a real node gets a pass at least
+    every ``progress.interval_s`` so ``status.progress`` follows training.
+    """
     started = time.monotonic()
     try:
         raw = await resources.get_job(kube, namespace, name)
@@ -159,9 +165,19 @@ async def reconcile(
             await _reject(kube, raw, str(err))
             return None
         pods = await resources.list_pods(kube, namespace, selector=selector(name))
+        report, watched = None, False
+        if progress is not None:
+            report, watched = await progress.read(job, pods, (await snapshot.read()).nodes)
+        # No await between this read and ``reserve`` below: see ClusterSnapshot.
         cluster = await snapshot.read()
         observed = Observation(
-            job, pods, cluster.nodes, cluster.pods, jobs=cluster.jobs, reserved=cluster.reserved
+            job,
+            pods,
+            cluster.nodes,
+            cluster.pods,
+            jobs=cluster.jobs,
+            reserved=cluster.reserved,
+            progress=report,
         )
         plan = plan_pass(observed, settings, clock())
         snapshot.reserve(plan.creates)
@@ -181,6 +197,9 @@ async def reconcile(
                 extra={"job": f"{namespace}/{name}", "writes": writes},
             )
         metrics.observe_job(namespace, name, plan.status)
+        if watched and progress is not None:
+            every = timedelta(seconds=progress.interval_s)
+            return min(plan.requeue, every) if plan.requeue else every
         return plan.requeue
     except ConflictError:
         log.debug("status of %s/%s changed under us; re-reading", namespace, name)
