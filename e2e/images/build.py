@@ -241,7 +241,19 @@ def download_wheels(name: str, requirements: list[str]) -> Path:
 
 
 def _wheel_hash(folder: Path) -> str:
-    return _key(*sorted(p.name for p in folder.glob("*.whl")))
+    """Names pin released wheels' contents; Elastra's own wheel keeps its name across code
+    changes, so its bytes are hashed too (else the operator image kept stale code)."""
+    return _key(
+        *sorted(
+            p.name
+            + (
+                ":" + hashlib.sha256(p.read_bytes()).hexdigest()
+                if p.name.startswith("elastra-")
+                else ""
+            )
+            for p in folder.glob("*.whl")
+        )
+    )
 
 
 def build_site_layer(name: str, base: Layer, wheels: Path, requirements: list[str]) -> Layer:
