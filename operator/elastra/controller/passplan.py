@@ -595,7 +595,13 @@ def _verdicts(
         placed_reason, placed_message = "InsufficientCapacity", placement.reason
     elif unbound:
         placed_reason = "Unschedulable" if any(f.view.unschedulable for f in unbound) else "Binding"
-    short = world_size < job.spec.replicas and (placement.limited or placement.target is None)
+    # Short of workers, not merely forming: a job whose pods all exist but are not Ready or
+    # not in the world yet is starting or growing, which is no reason for a Warning.
+    short = (
+        world_size < job.spec.replicas
+        and len(live) < job.spec.replicas
+        and (placement.limited or placement.target is None)
+    )
     degraded = not unplaceable and (decision.degraded or plan_problem is not None or short)
     degraded_message = plan_problem or decision.message
     if not decision.degraded and plan_problem is None and short:
