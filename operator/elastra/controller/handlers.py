@@ -31,7 +31,7 @@ from elastra.controller import metrics
 from elastra.controller.leader import LeaderElector
 from elastra.controller.manifests import LABEL_JOB
 from elastra.controller.progress import ProgressReader
-from elastra.controller.reconcile import ClusterSnapshot, reconcile
+from elastra.controller.reconcile import ClusterSnapshot, reconcile, utc_now
 from elastra.controller.settings import OperatorSettings
 from elastra.kube.client import ApiError, Kube
 
@@ -160,6 +160,7 @@ async def node_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     rt = runtime(memo)
     if event.get("type") == "DELETED":
         rt.node_prints.pop(name, None)
+        rt.snapshot.node_lost(name, utc_now())
         rt.poke_all()
         return
     fingerprint = _node_fingerprint(body)

@@ -85,9 +85,18 @@ _MISSING = NodeHealth(exists=False, ready=False, schedulable=False)
 
 
 def pod_facts(
-    pod: Mapping[str, Any], nodes: Mapping[str, NodeHealth], *, now: datetime
+    pod: Mapping[str, Any],
+    nodes: Mapping[str, NodeHealth],
+    *,
+    now: datetime,
+    lost_nodes: Mapping[str, datetime] | None = None,
 ) -> PodFacts:
-    """Classify one worker pod."""
+    """Classify one worker pod.
+
+    ``lost_nodes`` says when the operator saw nodes deleted: a pod on a vanished node broke
+    then, not when it last turned Ready, so the policy's settle window can fold a rack whose
+    nodes go one after another into one resize.
+    """
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -114,6 +123,8 @@ def pod_facts(
         since = max(since, parse_time(condition.get("lastTransitionTime"), since))
     if terminated is not None:
         since = parse_time(terminated.get("finishedAt"), since)
+    if node is _MISSING and lost_nodes and str(bound_node) in lost_nodes:
+        since = max(since, lost_nodes[str(bound_node)])
     retired = annotations.get(ANNOTATION_RETIRED)
     assignment = str(annotations.get(ANNOTATION_ASSIGNMENT, ""))
     view = WorkerView(

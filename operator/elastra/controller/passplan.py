@@ -91,6 +91,8 @@ class Observation:
     """Pods being created (by any job's pass) that the listing does not show yet."""
     progress: WorkerProgress | None = None
     """What the world's rank 0 reported, when it was read this pass."""
+    lost_nodes: Mapping[str, datetime] = field(default_factory=dict)
+    """When this operator saw nodes deleted (see ``observe.pod_facts``)."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,10 @@ def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> Pa
     """Decide this pass (see the module docstring)."""
     job = obs.job
     health = node_health(obs.nodes)
-    facts = {str(f.name): f for f in (pod_facts(p, health, now=now) for p in obs.pods)}
+    facts = {
+        str(f.name): f
+        for f in (pod_facts(p, health, now=now, lost_nodes=obs.lost_nodes) for p in obs.pods)
+    }
     status = job.status
     if is_true(status, ConditionType.FAILED) or is_true(status, ConditionType.SUCCEEDED):
         return _terminal(job, facts)

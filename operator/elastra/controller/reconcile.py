@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -35,6 +35,7 @@ from elastra.kube.client import ConflictError, JsonDict, Kube, gather_limited
 log = logging.getLogger("elastra.reconcile")
 
 Clock = Callable[[], datetime]
+LOST_NODE_MEMORY = timedelta(hours=1)
 LIST_COST_FACTOR = 5.0
 """A snapshot lives at least this many times as long as listing it took, so on a big, busy
 cluster the operator spends at most about a fifth of its time re-reading every node and pod."""
@@ -55,6 +56,7 @@ class Cluster:
     pods: tuple[JsonDict, ...]
     jobs: tuple[JsonDict, ...]
     reserved: tuple[JsonDict, ...] = ()
+    lost_nodes: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
 
 
 @dataclass
@@ -86,6 +88,7 @@ class ClusterSnapshot:
     _listed: frozenset[tuple[str, str]] = frozenset()
     _reserved: dict[tuple[str, str], _Reservation] = field(default_factory=dict)
     _list_cost: float = 0.0
+    _lost_nodes: dict[str, datetime] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def read(self) -> Cluster:
@@ -112,9 +115,17 @@ class ClusterSnapshot:
                     if r.settled is None or r.settled >= started
                 }
         extra = tuple(r.pod for k, r in self._reserved.items() if k not in self._listed)
-        if not extra:
+        if not extra and not self._lost_nodes:
             return self._cluster
-        return dataclasses.replace(self._cluster, reserved=extra)
+        return dataclasses.replace(self._cluster, reserved=extra, lost_nodes=dict(self._lost_nodes))
+
+    def node_lost(self, name: str, when: datetime) -> None:
+        """A node was deleted: remember when (for an hour) and list afresh."""
+        self._lost_nodes = {
+            n: t for n, t in self._lost_nodes.items() if when - t < LOST_NODE_MEMORY
+        }
+        self._lost_nodes.setdefault(name, when)
+        self.invalidate()
 
     def reserve(self, pods: Sequence[JsonDict]) -> None:
         """Count ``pods`` as placed from now on (call before awaiting anything after planning)."""
@@ -178,6 +189,7 @@ async def reconcile(
             jobs=cluster.jobs,
             reserved=cluster.reserved,
             progress=report,
+            lost_nodes=cluster.lost_nodes,
         )
         plan = plan_pass(observed, settings, clock())
         snapshot.reserve(plan.creates)

@@ -8,6 +8,7 @@ from typing import Any
 
 from elastra.commands.status import render
 from elastra.controller.manifests import ANNOTATION_ASSIGNMENT, GANG_GATE
+from elastra.controller.passplan import Observation, plan_pass
 from elastra.controller.settings import OperatorSettings
 from elastra.elastic.resize import ResizePolicy
 from tests.unit.controller.fakecluster import FakeCluster, node
@@ -234,3 +235,32 @@ def test_no_move_when_the_rest_of_the_run_is_shorter_than_a_restart() -> None:
     status = cluster.job.status
     assert status.world.version == 1
     assert not any("h100" in p["spec"]["nodeName"] for p in cluster.pods.values())
+
+
+def test_nodes_deleted_one_after_another_within_the_settle_window_give_one_resize() -> None:
+    cluster = FakeCluster(job(replicas=4), h100s(4), SETTINGS)
+    cluster.converge()
+    version = cluster.job.status.world.version
+    lost: dict[str, Any] = {}
+
+    def lose(name: str) -> None:
+        cluster.nodes = [n for n in cluster.nodes if n["metadata"]["name"] != name]
+        lost[name] = cluster.now
+
+    def step(seconds: float) -> Any:
+        pods = list(cluster.pods.values())
+        obs = Observation(cluster.job, pods, cluster.nodes, pods, lost_nodes=dict(lost))
+        plan = plan_pass(obs, SETTINGS, cluster.now)
+        cluster.job_body["status"] = plan.status.to_wire()
+        cluster.now += timedelta(seconds=seconds)
+        return plan
+
+    lose("h100-0")
+    assert step(0.6).decision.world is None, "the first loss waits for the rest of the burst"
+    lose("h100-1")
+    assert step(0.6).decision.world is None, "a second loss restarts the settle window"
+    plan = step(0.6)
+    assert plan.decision.world is None
+    plan = step(0.6)
+    assert plan.decision.reason.value == "WorkerLost" and len(plan.decision.world) == 2
+    assert cluster.job.status.world.version == version + 1
