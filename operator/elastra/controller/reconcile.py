@@ -89,13 +89,15 @@ class ClusterSnapshot:
     _reserved: dict[tuple[str, str], _Reservation] = field(default_factory=dict)
     _list_cost: float = 0.0
     _lost_nodes: dict[str, datetime] = field(default_factory=dict)
+    _generation: int = 0
+    """Bumped by ``invalidate``: a listing in flight across it is stale when it returns."""
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def read(self) -> Cluster:
         """The cluster, fresh within ``ttl_s`` (or longer on a big cluster), plus reservations."""
         async with self._lock:
             if time.monotonic() - self._taken > max(self.ttl_s, self._list_cost * LIST_COST_FACTOR):
-                started = time.monotonic()
+                started, generation = time.monotonic(), self._generation
                 nodes, pods, jobs = await asyncio.gather(
                     resources.list_nodes(self.kube),
                     resources.list_pods(self.kube),
@@ -107,8 +109,9 @@ class ClusterSnapshot:
                     jobs=tuple(jobs),
                 )
                 self._listed = frozenset(_key(p) for p in pods)
-                self._taken = time.monotonic()
-                self._list_cost = self._taken - started
+                self._list_cost = time.monotonic() - started
+                # Invalidated while listing (a node went away): use it once, list again next.
+                self._taken = time.monotonic() if generation == self._generation else -1e9
                 self._reserved = {
                     k: r
                     for k, r in self._reserved.items()
@@ -143,6 +146,7 @@ class ClusterSnapshot:
     def invalidate(self) -> None:
         """Forget the snapshot: capacity was freed (pods or nodes went away, nodes changed)."""
         self._taken = -1e9
+        self._generation += 1
 
 
 def _key(pod: JsonDict) -> tuple[str, str]:

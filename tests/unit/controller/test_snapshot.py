@@ -136,3 +136,24 @@ def test_slim_listings_give_the_same_capacity_health_and_counts() -> None:
     assert _node_health(slim_nodes) == _node_health(nodes)
     assert _live_pods(slim_pods) == _live_pods(pods)
     assert len(json.dumps(slim_pods)) < len(json.dumps(pods)) / 2
+
+
+def test_a_listing_invalidated_while_in_flight_is_not_taken_as_fresh() -> None:
+    listing = Listing()
+    snap = snapshot(listing)
+
+    class Slow(Listing):
+        async def list(self, path: str, label_selector: str | None = None) -> list[dict[str, Any]]:
+            if path == "/api/v1/nodes":
+                snap.invalidate()  # a node was deleted while this listing was on the wire
+            return await super().list(path, label_selector)
+
+    slow = Slow()
+    snap.kube = cast(Kube, slow)
+
+    async def run() -> None:
+        await snap.read()
+        await snap.read()
+        assert slow.calls == 6, "the second read lists again"
+
+    asyncio.run(run())
