@@ -37,15 +37,19 @@ test: $(STAMP) toolchain ## Run every test: unit, worker, integration (real cont
 e2e: $(STAMP) toolchain ## The e2e suite alone: real pods on a local cluster with the real node (or ELASTRA_E2E_KUBECONFIG)
 	$(BIN)/python -m pytest e2e/suite $(PYTEST_ARGS)
 
+.PHONY: kind-image
+kind-image: $(STAMP) toolchain ## Build kind, kubeadm and kind's node image offline (cached per user; root)
+	@PYTHON=$(BIN)/python e2e/kind/build.sh
+
 .PHONY: e2e-kind
-e2e-kind: $(STAMP) toolchain ## Create a kind cluster, load the images, run the e2e suite on it (needs kind)
+e2e-kind: $(STAMP) toolchain ## kind cluster (1+3 nodes; offline: make kind-image's), load the images, run the e2e suite, delete it
 	PYTHON=$(BIN)/python e2e/kind.sh $(PYTEST_ARGS)
 
 FLEET ?= hetero-small
 CLUSTER_PY = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 
 .PHONY: toolchain
-toolchain: ## Build (or reuse from cache) etcd, kube-*, kubectl, kubelet, kwok, helm from Go modules
+toolchain: ## Build (or reuse from cache) etcd, kube-*, kubectl, kubelet, kwok, helm and Kueue's manager from Go modules
 	@e2e/toolchain/build.sh >/dev/null
 
 REAL_NODE ?=
@@ -87,6 +91,10 @@ fmt: $(STAMP) ## Format and autofix with ruff
 crds: $(STAMP) ## Regenerate crds/ (and the Helm chart's copy) from the pydantic models
 	$(BIN)/elastra crds > crds/trainingjobs.elastra.dev.yaml
 	cp crds/trainingjobs.elastra.dev.yaml helm/elastra/crds/
+
+.PHONY: docs
+docs: $(STAMP) ## Regenerate docs/api.md from the pydantic models; a test fails when it is stale
+	$(BIN)/python -m elastra.api.reference > docs/api.md
 
 .PHONY: helm-lint
 helm-lint: toolchain ## helm lint --strict and a helm template of the chart (also in make test)

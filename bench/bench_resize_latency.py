@@ -157,6 +157,7 @@ async def run(kubeconfig: Path) -> dict[str, list[float]]:
                 "minReplicas": 1,
                 "worker": {"gpus": 8, "gpuTypes": ["H200"], "image": "elastra-worker:dev"},
                 "training": {"globalBatchSize": 13440},
+                "checkpoint": {"uri": f"s3://bench/{JOB}"},  # kwok pods never save
                 "failurePolicy": {"maxRestarts": 1000, "backoffSeconds": 0},
             },
         }

@@ -4,8 +4,9 @@ Not part of ``make bench`` (its name does not start with ``bench_``): run it by 
 with a GPU, ``python bench/gpu_worker.py``; it prints "skipped" and exits 0 where there is none.
 It stays under five minutes on one GPU:
 
-1. The example GPT (d=512, 8 layers) under the local launcher on one GPU with NCCL, with one
-   world change half way (schedule ``1:0,1:40``): step time and the restart overhead in steps.
+1. The reference trainer (``python -m elastra_worker.train``, ~140M parameters, 1k tokens)
+   under the local launcher on one GPU with NCCL (dp=1), with one world change half way
+   (schedule ``1:0,1:40``): step time and the restart overhead in steps.
 2. A 1B-parameter bf16 state on the GPU saved with ``Checkpointer`` (DCP + sha256 + commit) and
    loaded back, as ratios to the raw sequential write/read of the same disk in the same run.
 
@@ -29,18 +30,26 @@ import torch
 import torch.distributed as dist
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "worker_image" / "examples" / "train_tiny_gpt.py"
 CHUNK = 64 << 20
 
 
+GPU_MODEL = (
+    "{layers: 8, hiddenSize: 1024, ffnHiddenSize: 2816, attentionHeads: 16, kvHeads: 8, "
+    "vocabSize: 32000, sequenceLength: 1024}\n"
+)
+"""The reference trainer's model for the GPU run: about 140M parameters, 1k-token sequences."""
+
+
 def training_steps(work: Path) -> None:
-    """Run the example on the GPU through the launcher; print step time and restart cost."""
+    """The reference trainer on the GPU through the launcher; print step time, restart cost."""
     log = work / "steps.jsonl"
+    model = work / "model.yaml"
+    model.write_text(GPU_MODEL)
     cmd = [
         sys.executable, "-m", "elastra_worker.cli", "local", "--schedule", "1:0,1:40",
         "--steps", "80", "--checkpoint-dir", str(work / "ckpt"), "--log", str(log),
-        "--global-batch-size", "64", "--micro-batch-size", "16", "--world-timeout", "180",
-        "--", sys.executable, str(EXAMPLE), "--d-model", "512", "--layers", "8",
+        "--global-batch-size", "16", "--micro-batch-size", "4", "--world-timeout", "300",
+        "--", sys.executable, "-m", "elastra_worker.train", "--model", str(model),
     ]  # fmt: skip
     arrivals: dict[int, float] = {}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -59,7 +68,7 @@ def training_steps(work: Path) -> None:
     gaps = [arrivals[s] - arrivals[s - 1] for s in steps[2:] if s not in (40, 41)]
     step_s = statistics.median(gaps)
     restart = arrivals[40] - arrivals[39] - step_s
-    print(f"  NCCL training, 1 GPU: step {step_s * 1000:.1f} ms (global batch 64, seq 16)")
+    print(f"  NCCL, reference model (140M), 1 GPU dp=1: step {step_s * 1000:.1f} ms (16 x 1024)")
     print(f"  world change 1 -> 1: {restart:.2f} s = {restart / step_s:.0f} steps")
 
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 
 from e2e.cluster.api import WaitTimeoutError
-from e2e.elasticjob import Elastra, JobRun, example_job
+from e2e.elasticjob import RUNNING_STEPS, Elastra, JobRun, example_job
 from e2e.install import (
     Setup,
     checkpoint_storage,
@@ -59,7 +59,7 @@ def run_demo(elastra: Elastra, *, steps_per_world: int) -> str:
     kube, setup, job = elastra.kube, elastra.setup, elastra.job
     started = time.monotonic()
     say("applying examples/cpu-tiny.yaml (3 workers; the first pods import torch: minutes)")
-    kube.apply(example_job(setup.job_namespace))
+    kube.apply(example_job(setup.job_namespace, steps=RUNNING_STEPS))
     version = job.wait_world(3, after=0)
     job.wait_trained(version, steps_per_world)
     say(f"world v{version} of 3 trains ({time.monotonic() - started:.0f}s)")
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             kube = target.kube
             host_dir = target.local_root / "volumes" / "cpu-tiny" if target.local_root else None
             setup = Setup(host_dir=host_dir)
-            job = JobRun(kube, setup.job_namespace, "cpu-tiny")
+            job = JobRun(kube, setup.job_namespace, "cpu-tiny", operator=setup.operator)
             elastra = Elastra(kube, setup, job)
             if not args.keep:
                 stack.callback(_cleanup, elastra)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -23,11 +24,23 @@ STEP_LOG = "/checkpoints/steps.jsonl"
 POD_START_S = 420.0  # pods of the 5 GB worker image, torch import, rendezvous, on 2 busy cores
 
 
-def example_job(namespace: str) -> dict[str, Any]:
-    """examples/cpu-tiny.yaml as shipped, placed in ``namespace``."""
-    job: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    job = copy.deepcopy(job)
+RUNNING_STEPS = 100_000
+"""Steps of the cpu-tiny job the suite and the demo drive: they act on a job that is still
+training. As shipped it trains 400 steps, which a world of two finishes in under a minute on a
+quiet machine; a CI run's replacement worker came after the job had ended."""
+
+
+def example_job(
+    namespace: str, example: Path = EXAMPLE, *, steps: int | None = None
+) -> dict[str, Any]:
+    """An example (examples/cpu-tiny.yaml unless told) as shipped, placed in ``namespace``;
+    with ``steps``, its trainer's ``--steps`` and ``training.totalSteps`` set to that."""
+    job: dict[str, Any] = copy.deepcopy(yaml.safe_load(example.read_text()))
     job["metadata"]["namespace"] = namespace
+    if steps is not None:
+        job["spec"]["training"]["totalSteps"] = steps
+        args: list[str] = job["spec"]["worker"]["args"]
+        args[args.index("--steps") + 1] = str(steps)
     return job
 
 
@@ -41,6 +54,8 @@ class JobRun:
     versions: list[int] = field(default_factory=list)
     pod_logs: dict[str, str] = field(default_factory=dict)
     """Logs per pod uid, kept after the pod is gone (snapshot before deleting a pod)."""
+    operator: str | None = None
+    """"namespace/deployment" of the operator, whose lines about the job timeouts show."""
 
     # ---- reading ----------------------------------------------------------------------
 
@@ -68,21 +83,57 @@ class JobRun:
         ]
 
     def describe(self) -> str:
-        """A short picture of the job and its pods for timeout messages."""
+        """A picture of the job for timeout messages: conditions with their messages, the last
+        resizes, the pods (deleting ones marked) and the job's newest events, so a failure in CI
+        says why the operator did what it did."""
         try:
             status = self.status()
             pods = [
                 f"{p['metadata']['name']}:{(p.get('status') or {}).get('phase')}"
+                + (":deleting" if p["metadata"].get("deletionTimestamp") else "")
                 for p in self.pods()
             ]
+            events = self.events()[-8:]
+            said = self.operator_lines()[-12:]
         except KubeError as err:
             return f"(cannot read the job: {err})"
         conditions = {
-            c["type"]: f"{c['status']}/{c.get('reason')}" for c in status.get("conditions") or []
+            c["type"]: f"{c['status']}/{c.get('reason')}: {c.get('message', '')}"[:160]
+            for c in status.get("conditions") or []
         }
-        return json.dumps(
-            {"world": status.get("world"), "conditions": conditions, "pods": pods}, default=str
-        )[:2000]
+        picture = {
+            "world": status.get("world"),
+            "progress": status.get("progress"),
+            "conditions": conditions,
+            "resizes": (status.get("resizes") or [])[-3:],
+            "pods": pods,
+            "events": events,
+            "operator": said,
+        }
+        return json.dumps(picture, default=str)[:6000]
+
+    def operator_lines(self) -> list[str]:
+        """The operator's log lines that name this job (none when the operator is unknown)."""
+        if self.operator is None:
+            return []
+        namespace, deployment = self.operator.split("/", 1)
+        text = self.kube.kubectl(
+            "logs", "-n", namespace, f"deployment/{deployment}", "--tail=2000", check=False
+        )
+        return [line[:300] for line in text.splitlines() if self.name in line]
+
+    def events(self) -> list[str]:
+        """The job's events, oldest first, as "time reason (xcount): message"."""
+        found = self.kube.items(
+            "events", "-n", self.namespace,
+            "--field-selector", f"involvedObject.name={self.name},involvedObject.kind=TrainingJob",
+        )  # fmt: skip
+        found.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        return [
+            f"{e.get('lastTimestamp') or e.get('eventTime')} {e.get('reason')}"
+            f" (x{e.get('count') or 1}): {str(e.get('message'))[:200]}"
+            for e in found
+        ]
 
     def step_log(self) -> list[StepRecord]:
         """Rank 0's step log on the shared checkpoint volume, read through a running worker."""
@@ -92,7 +143,7 @@ class JobRun:
                 "cat", STEP_LOG, check=False,
             )  # fmt: skip
             if out:
-                return parse_step_log(_complete_lines(out))
+                return parse_step_log(complete_lines(out))
         return []
 
     def snapshot_logs(self) -> dict[str, str]:
@@ -136,6 +187,18 @@ class JobRun:
             probe, timeout=timeout, interval=2, hint=self.describe,
         )  # fmt: skip
 
+    def wait_for_log(self, text: str, *, after: int, timeout: float = POD_START_S) -> int:
+        """More than ``after`` worker log lines contain ``text``; returns how many do."""
+
+        def probe() -> int | None:
+            count = sum(text in line for line in self.log_lines())
+            return count if count > after else None
+
+        return wait_for(
+            f"{self.name}: a worker log line with {text!r}",
+            probe, timeout=timeout, interval=2, hint=self.describe,
+        )  # fmt: skip
+
     # ---- acting -----------------------------------------------------------------------
 
     def scale(self, replicas: int) -> None:
@@ -162,7 +225,7 @@ def _running(status: dict[str, Any]) -> bool:
     )
 
 
-def _complete_lines(text: str) -> str:
+def complete_lines(text: str) -> str:
     """Drop a last line rank 0 is still writing (no newline yet)."""
     return text if text.endswith("\n") else text.rsplit("\n", 1)[0]
 

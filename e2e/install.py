@@ -33,7 +33,7 @@ WORKER_UID = 1000  # the worker image's user; the checkpoint directory must be i
 # Everything a release could leave behind, namespaced kinds then cluster-scoped ones.
 NAMESPACED_KINDS = (
     "deployments,replicasets,pods,services,endpoints,serviceaccounts,configmaps,"
-    "roles,rolebindings,leases,kopfpeerings"
+    "roles,rolebindings,leases,kopfpeerings,networkpolicies"
 )
 CLUSTER_KINDS = "clusterroles,clusterrolebindings,clusterkopfpeerings"
 
@@ -49,6 +49,11 @@ class Setup:
     host_dir: Path | None = None
     """Local cluster: the checkpoint directory on this machine (a static hostPath volume);
     None: the cluster's default StorageClass provides the claim."""
+
+    @property
+    def operator(self) -> str:
+        """The operator's "namespace/deployment" (the chart names it after the release)."""
+        return f"{self.operator_namespace}/{self.release}"
 
     @property
     def volume_name(self) -> str:

@@ -1,24 +1,61 @@
 #!/usr/bin/env bash
-# make e2e-kind: create a kind cluster, load Elastra's images into it, run the e2e suite on it,
-# delete the cluster (also when the suite fails). Needs kind and a container runtime it can use;
-# the images are built without a registry by e2e/images (root: debootstrap) and loaded with
-# `kind load image-archive`. Environment: KIND (binary), KIND_CLUSTER (name), PYTHON.
+# make e2e-kind: create a kind cluster (one control plane, three workers: e2e/kind-config.yaml),
+# load Elastra's images into it, run the e2e suite on it, and delete the cluster again, also
+# when the suite fails, times out or is interrupted.
+#
+# Two ways, chosen by ELASTRA_KIND_IMAGE:
+#   local      (default where kind or a docker daemon is missing, as on this project's machines)
+#              kind, kubeadm and the node image built offline by `make kind-image`, run by a
+#              private docker daemon (e2e/kind/dockerd.py) unless one answers already;
+#              e2e/kind/cluster.py removes everything it made (cluster, kind's network,
+#              the daemon, /lib/modules when it created it).
+#   published  (default where `kind` is on PATH and docker answers) kind's own node image.
+#   <image>    any other node image, with the kind found as for `published`.
+# Environment: KIND (kind binary for published/<image>), KIND_CLUSTER (name), PYTHON,
+# ELASTRA_E2E_KIND_TIMEOUT (seconds for the suite, default 3600).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-KIND=${KIND:-kind}
 NAME=${KIND_CLUSTER:-elastra-e2e}
 PYTHON=${PYTHON:-.venv/bin/python}
-if ! command -v "$KIND" >/dev/null 2>&1; then
-  echo "e2e-kind: '$KIND' not found: install kind (https://kind.sigs.k8s.io, or" \
-       "'go install sigs.k8s.io/kind@latest') and a container runtime, or set KIND=/path/to/kind." \
-       "Without kind, 'make e2e' runs the same suite on the local cluster with the real node." >&2
-  exit 2
+TIMEOUT=${ELASTRA_E2E_KIND_TIMEOUT:-3600}
+KIND=${KIND:-kind}
+
+mode=${ELASTRA_KIND_IMAGE:-}
+if [[ -z $mode ]]; then
+  if command -v "$KIND" >/dev/null 2>&1 && docker version >/dev/null 2>&1; then
+    mode=published
+  else
+    mode=local
+  fi
 fi
+cluster=("$PYTHON" -m e2e.kind.cluster)
+if [[ $mode == local ]]; then
+  e2e/kind/build.sh >/dev/null
+  KIND="$(e2e/kind/build.sh --print-bindir)/kind"
+  cluster+=(--image local)
+else
+  command -v "$KIND" >/dev/null 2>&1 || {
+    echo "e2e-kind: '$KIND' not found: install kind (https://kind.sigs.k8s.io) and docker, set" \
+         "KIND=/path/to/kind, or use ELASTRA_KIND_IMAGE=local (make kind-image)." >&2
+    exit 2
+  }
+  export ELASTRA_KIND_DOCKERD=0
+  cluster+=(--kind "$KIND" --image "$([[ $mode == published ]] && echo "" || echo "$mode")")
+fi
+
 work=$(mktemp -d)
-trap '"$KIND" delete cluster --name "$NAME" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
-echo "e2e-kind: creating cluster $NAME"
-"$KIND" create cluster --name "$NAME" --config e2e/kind-config.yaml \
-  --kubeconfig "$work/kubeconfig" --wait 5m
+cleanup() {
+  echo "e2e-kind: deleting cluster $NAME"
+  "${cluster[@]}" down --name "$NAME" || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "e2e-kind: creating cluster $NAME ($mode node image)"
+"${cluster[@]}" up --name "$NAME" --config e2e/kind-config.yaml --kubeconfig "$work/kubeconfig" --wait 5m
+eval "$("${cluster[@]}" env)"  # DOCKER_HOST and PATH of the daemon kind used
+
 echo "e2e-kind: building and loading the worker and operator images"
 "$PYTHON" -m e2e.images build worker operator
 "$PYTHON" -m e2e.images save worker operator --out "$work"
@@ -26,5 +63,6 @@ for image in worker operator; do
   "$KIND" load image-archive "$work/$image.tar" --name "$NAME"
   rm -f "$work/$image.tar"
 done
-echo "e2e-kind: running the e2e suite"
-ELASTRA_E2E_KUBECONFIG="$work/kubeconfig" "$PYTHON" -m pytest e2e/suite "$@"
+
+echo "e2e-kind: running the e2e suite (timeout ${TIMEOUT}s)"
+ELASTRA_E2E_KUBECONFIG="$work/kubeconfig" timeout -k 30 "$TIMEOUT" "$PYTHON" -m pytest e2e/suite "$@"

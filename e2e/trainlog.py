@@ -72,7 +72,8 @@ def parse_step_log(text: str) -> list[StepRecord]:
                     step=int(raw["step"]),
                     world_version=int(raw["worldVersion"]),
                     world_size=int(raw["worldSize"]),
-                    samples=tuple(int(s) for s in raw["samples"]),
+                    # a plain torchrun script logs no samples: it has no data-order contract
+                    samples=tuple(int(s) for s in raw.get("samples", ())),
                 )
             )
         except (ValueError, KeyError, TypeError) as err:

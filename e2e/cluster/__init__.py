@@ -11,7 +11,15 @@ the operator (`elastra`), so it can test any build of it.
     python -m e2e.cluster status | apply-fleet NAME | bindir
 """
 
-from .controlplane import apply_fleet, down, is_up, status, toolchain_bindir, up
+from .controlplane import (
+    apiserver_frozen,
+    apply_fleet,
+    down,
+    is_up,
+    status,
+    toolchain_bindir,
+    up,
+)
 from .fleet import Fleet, FleetError, NodeGroup, load_fleet
 from .state import ClusterError, Layout, default_layout
 
@@ -21,6 +29,7 @@ __all__ = [
     "FleetError",
     "Layout",
     "NodeGroup",
+    "apiserver_frozen",
     "apply_fleet",
     "default_layout",
     "down",

@@ -331,6 +331,17 @@ def _down(layout: Layout, *, keep_logs: bool) -> list[str]:
     return stopped
 
 
+@contextlib.contextmanager
+def apiserver_frozen(layout: Layout) -> Iterator[None]:
+    """The cluster's kube-apiserver frozen for the block (an outage; see ``procs.frozen``)."""
+    state = State.load(layout)
+    if state is None:
+        raise ClusterError(f"no cluster in {layout.root}")
+    (daemon,) = [d for d in state.daemons if d.name == "kube-apiserver"]
+    with procs.frozen(daemon):
+        yield
+
+
 def status(layout: Layout | None = None) -> dict[str, Any]:
     """What runs, where, and how much memory it takes."""
     layout = layout or default_layout()

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,3 +104,20 @@ def rss_kib(daemon: Daemon) -> int:
     except (FileNotFoundError, ProcessLookupError):
         return 0
     return 0
+
+
+@contextlib.contextmanager
+def frozen(daemon: Daemon) -> Iterator[None]:
+    """The daemon stopped (SIGSTOP) for the block, continued (SIGCONT) however the block ends.
+
+    A frozen API server is the hard kind of outage: clients' connections stay open and nothing
+    answers (as behind a load balancer whose backend hangs), so only their own timeouts help.
+    """
+    if not is_running(daemon):
+        raise RuntimeError(f"{daemon.name} (pid {daemon.pid}) is not running")
+    os.kill(daemon.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(daemon.pid, signal.SIGCONT)

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from e2e import hostpkgs
+
 from .archive import Layer, image_config, layer_from_dir, layer_from_files, write_archive
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,6 +38,18 @@ PYTHON_TAG = "elastra.local/debian-python:dev"
 # Bump when the recipe changes in a way the hashed inputs do not show.
 RECIPE = "1"
 PY_PACKAGES = ["python3", "python3-venv", "libgomp1", "ca-certificates", "tini"]
+# What the images hold, shared with the Dockerfiles (worker_image/Dockerfile,
+# operator/Dockerfile): tests/unit/test_images.py fails when a recipe differs from these.
+IMAGE_USER = "1000"
+APP_ROOT = "opt/elastra"
+WORKER_REQUIREMENTS = ["torch", "numpy", "prometheus-client", "pyyaml", "s3fs"]
+WORKER_APP_DIRS = ("elastra_worker", "examples")
+"""worker_image/<dir> -> /opt/elastra/<dir>; the repository's examples/ is not in any image."""
+WORKER_ENTRYPOINT = ["python3", "-m", "elastra_worker.cli", "run", "--"]
+WORKER_CMD = ["python3", "/opt/elastra/examples/train_tiny_gpt.py"]
+OPERATOR_REQUIREMENTS = ["pydantic", "pyyaml", "kopf", "kubernetes", "prometheus-client"]
+"""The elastra wheel's runtime dependencies (pyproject.toml [project] dependencies)."""
+OPERATOR_ENTRYPOINT = ["elastra", "run"]
 
 
 def say(msg: str) -> None:
@@ -84,6 +98,39 @@ class Image:
         return sum(layer.size for layer in self.layers)
 
 
+KEPT_PER_NAME = 2
+"""Cache entries kept per layer or wheel set name: the one in use and the newest other one
+(another checkout sharing the cache, or the version just replaced). Without a bound, every
+code change left a 100 MiB operator layer and every new pin a 5 GiB worker layer behind."""
+
+
+def prune(folder: Path, name: str, key: str) -> list[Path]:
+    """Delete <folder>/<name>-<other key>[.*] beyond KEPT_PER_NAME; marks <name>-<key> as used.
+
+    Entries are ordered by their newest file's mtime, which use refreshes; returns what it
+    deleted. Names are matched whole: pruning "worker" never touches "worker-app-<key>".
+    """
+    pattern = re.compile(rf"^{re.escape(name)}-([0-9a-f]{{12}})(\.[a-z]+)?$")
+    groups: dict[str, list[Path]] = {}
+    for path in folder.iterdir():
+        match = pattern.match(path.name)
+        if match:
+            groups.setdefault(match.group(1), []).append(path)
+    now = time.time()
+    for path in groups.pop(key, []):
+        os.utime(path, (now, now))
+    others = sorted(groups.values(), key=lambda paths: max(p.stat().st_mtime for p in paths))
+    doomed = [p for paths in others[: max(0, len(others) - (KEPT_PER_NAME - 1))] for p in paths]
+    for path in doomed:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    if doomed:
+        say(f"cache: removed {len(doomed)} old {name} entr{'y' if len(doomed) == 1 else 'ies'}")
+    return doomed
+
+
 def _cached_layer(name: str, key: str, make: Callable[[Path], Layer]) -> Layer:
     """The layer <cache>/layers/<name>-<key>.tar, made by make(out) when missing."""
     folder = cache_root() / "layers"
@@ -94,6 +141,7 @@ def _cached_layer(name: str, key: str, make: Callable[[Path], Layer]) -> Layer:
         layer = Layer.from_json(json.loads(meta.read_text()))
         if layer.path == out and out.stat().st_size == layer.size:
             say(f"layer {name}-{key}: cached ({layer.size / 2**20:.0f} MiB)")
+            prune(folder, name, key)
             return layer
     started = time.monotonic()
     say(f"layer {name}-{key}: building ...")
@@ -103,6 +151,7 @@ def _cached_layer(name: str, key: str, make: Callable[[Path], Layer]) -> Layer:
         f"layer {name}-{key}: built in {time.monotonic() - started:.0f}s "
         f"({layer.size / 2**20:.0f} MiB)"
     )
+    prune(folder, name, key)
     return layer
 
 
@@ -111,9 +160,7 @@ def _cached_layer(name: str, key: str, make: Callable[[Path], Layer]) -> Layer:
 
 def build_pause() -> Image:
     source = HERE / "pause.c"
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        raise SystemExit("images: error: gcc is needed for the pause image (apt-get install gcc)")
+    gcc = hostpkgs.require("gcc")
     version = subprocess.run([gcc, "--version"], capture_output=True, text=True, check=True)
     key = _key(source.read_bytes(), version.stdout)
 
@@ -174,8 +221,7 @@ def build_base() -> Layer:
     key = _key("base", mirror, suite, ",".join(PY_PACKAGES))
 
     def make(out: Path) -> Layer:
-        if shutil.which("debootstrap") is None:
-            raise SystemExit("images: error: debootstrap missing (apt-get install -y debootstrap)")
+        hostpkgs.require("debootstrap")
         rootfs = out.with_suffix(".rootfs")
         shutil.rmtree(rootfs, ignore_errors=True)
         _run(
@@ -190,7 +236,8 @@ def build_base() -> Layer:
         )
         env = _chroot_env()
         _run(
-            ["chroot", str(rootfs), "useradd", "--uid", "1000", "--create-home", "elastra"], env=env
+            ["chroot", str(rootfs), "useradd", "--uid", IMAGE_USER, "--create-home", "elastra"],
+            env=env,
         )
         _run(["chroot", str(rootfs), "apt-get", "clean"], env=env)
         for sub in ("var/lib/apt/lists", "var/cache/apt", "var/log", "tmp"):
@@ -215,6 +262,7 @@ def download_wheels(name: str, requirements: list[str]) -> Path:
     done = folder / ".complete"
     if done.exists():
         say(f"wheels {name}-{key}: cached ({len(list(folder.glob('*.whl')))} wheels)")
+        prune(folder.parent, name, key)
         return folder
     folder.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -237,6 +285,7 @@ def download_wheels(name: str, requirements: list[str]) -> Path:
     )
     done.write_text("")
     say(f"wheels {name}-{key}: downloaded in {time.monotonic() - started:.0f}s")
+    prune(folder.parent, name, key)
     return folder
 
 
@@ -308,7 +357,7 @@ def build_site_layer(name: str, base: Layer, wheels: Path, requirements: list[st
 def build_python() -> Image:
     """The base layer alone (Debian + python3): a small image for node and network tests."""
     base = build_base()
-    config = image_config([base], cmd=["python3"], user="1000", workdir="/home/elastra")
+    config = image_config([base], cmd=["python3"], user=IMAGE_USER, workdir="/home/elastra")
     return Image(PYTHON_TAG, [base], config)
 
 
@@ -326,37 +375,34 @@ def build_sitepath_layer() -> Layer:
     )
 
 
-WORKER_REQUIREMENTS = ["torch", "numpy", "prometheus-client"]
-
-
 def build_worker() -> Image:
     base = build_base()
     wheels = download_wheels("worker", WORKER_REQUIREMENTS)
     site = build_site_layer("worker", base, wheels, WORKER_REQUIREMENTS)
     src = REPO / "worker_image"
-    key = _key("worker-app", _tree_hash(src / "elastra_worker"), _tree_hash(src / "examples"))
+    key = _key("worker-app", *(_tree_hash(src / sub) for sub in WORKER_APP_DIRS))
 
     def make(out: Path) -> Layer:
         files: dict[str, tuple[bytes, int]] = {}
-        for sub in ("elastra_worker", "examples"):
+        for sub in WORKER_APP_DIRS:
             for path in sorted((src / sub).rglob("*")):
                 if path.is_file() and "__pycache__" not in path.parts:
                     rel = path.relative_to(src)
-                    files[f"opt/elastra/{rel}"] = (path.read_bytes(), 0o644)
+                    files[f"{APP_ROOT}/{rel}"] = (path.read_bytes(), 0o644)
         return layer_from_files(files, out)
 
     app = _cached_layer("worker-app", key, make)
     layers = [base, site, build_sitepath_layer(), app]
     config = image_config(
         layers,
-        entrypoint=["python3", "-m", "elastra_worker.cli", "run", "--"],
-        cmd=["python3", "/opt/elastra/examples/train_tiny_gpt.py"],
+        entrypoint=WORKER_ENTRYPOINT,
+        cmd=WORKER_CMD,
         env=[
             "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "PYTHONPATH=/opt/elastra",
+            f"PYTHONPATH=/{APP_ROOT}",
             "PYTHONUNBUFFERED=1",
         ],
-        user="1000",
+        user=IMAGE_USER,
         workdir="/home/elastra",
         exposed_ports=["9400/tcp"],
     )
@@ -370,23 +416,22 @@ def build_operator() -> Image:
         _tree_hash(REPO / "operator" / "elastra"),
         (REPO / "pyproject.toml").read_bytes(),
     )
-    wheels = download_wheels(
-        "operator", ["pydantic", "pyyaml", "kopf", "kubernetes", "prometheus-client"]
-    )
+    wheels = download_wheels("operator", OPERATOR_REQUIREMENTS)
     own = cache_root() / "wheels" / f"elastra-{sources}"
     if not (own / ".complete").exists():
         own.mkdir(parents=True, exist_ok=True)
         _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(own), str(REPO)])
         (own / ".complete").write_text("")
+    prune(own.parent, "elastra", sources)
     for whl in own.glob("elastra-*.whl"):
         shutil.copy2(whl, wheels / whl.name)
     site = build_site_layer("operator", base, wheels, ["elastra"])
     layers = [base, site, build_sitepath_layer()]
     config = image_config(
         layers,
-        entrypoint=["elastra", "run"],
+        entrypoint=OPERATOR_ENTRYPOINT,
         env=["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-        user="1000",
+        user=IMAGE_USER,
         workdir="/home/elastra",
     )
     return Image(OPERATOR_TAG, layers, config)
@@ -406,6 +451,20 @@ def save(image: Image, out: Path) -> None:
     with tmp.open("wb") as dst:
         write_archive(dst, tag=image.tag, layers=image.layers, config=image.config)
     tmp.replace(out)
+
+
+def _ctr_import(image: Image, *, address: str, ctr: str) -> bool:
+    """Stream the image's docker archive into ``ctr images import``; True when it succeeded."""
+    proc = subprocess.Popen(
+        [ctr, f"--address={address}", "-n", "k8s.io", "images", "import", "-"],
+        stdin=subprocess.PIPE,
+    )
+    assert proc.stdin is not None
+    try:
+        write_archive(proc.stdin, tag=image.tag, layers=image.layers, config=image.config)
+    finally:
+        proc.stdin.close()
+    return proc.wait() == 0
 
 
 def import_image(image: Image, *, address: str, store: str = "", ctr: str = "ctr") -> None:
@@ -432,17 +491,17 @@ def import_image(image: Image, *, address: str, store: str = "", ctr: str = "ctr
             return
     started = time.monotonic()
     say(f"{image.tag}: importing {image.size / 2**20:.0f} MiB into {address} ...")
-    proc = subprocess.Popen(
-        [ctr, f"--address={address}", "-n", "k8s.io", "images", "import", "-"],
-        stdin=subprocess.PIPE,
-    )
-    assert proc.stdin is not None
-    try:
-        write_archive(proc.stdin, tag=image.tag, layers=image.layers, config=image.config)
-    finally:
-        proc.stdin.close()
-    if proc.wait() != 0:
-        raise SystemExit(f"images: error: ctr import of {image.tag} failed")
+    if not _ctr_import(image, address=address, ctr=ctr):
+        # containerd can garbage-collect the snapshots of the image a new import replaces while
+        # that import unpacks onto them ("parent snapshot ... does not exist"); the retry finds
+        # the tag free and unpacks the whole chain.
+        say(f"{image.tag}: import failed; removing the tag and importing once more")
+        subprocess.run(
+            [ctr, f"--address={address}", "-n", "k8s.io", "images", "rm", image.tag],
+            check=False,
+        )
+        if not _ctr_import(image, address=address, ctr=ctr):
+            raise SystemExit(f"images: error: ctr import of {image.tag} failed twice")
     probe = subprocess.run(
         [ctr, f"--address={address}", "-n", "k8s.io", "images", "ls", f"name=={image.tag}"],
         capture_output=True,
@@ -452,3 +511,35 @@ def import_image(image: Image, *, address: str, store: str = "", ctr: str = "ctr
     digest = probe.stdout.splitlines()[1].split()[2]
     record.write_text(json.dumps({"config": image.config_digest, "manifest": digest}))
     say(f"{image.tag}: imported in {time.monotonic() - started:.0f}s")
+
+
+def orphan_refs(listing: str) -> list[str]:
+    """The refs of ``ctr images ls`` output whose manifest no tag points to any more.
+
+    Why: the kubelet's CRI plugin names each image it uses a second time, by its ID
+    (sha256:<config>) and repo digest. When an import moves a tag to a new build, those names
+    still hold the old build: in the node store kept across clusters, every worker rebuild
+    left 11 GB (content + snapshot) behind until the disk filled.
+    """
+    rows = [line.split() for line in listing.splitlines()[1:] if line.strip()]
+    tagged = {row[2] for row in rows if not row[0].startswith("sha256:") and "@" not in row[0]}
+    return [row[0] for row in rows if row[2] not in tagged]
+
+
+def remove_orphans(*, address: str, ctr: str = "ctr") -> list[str]:
+    """Remove orphan_refs from containerd (namespace k8s.io) and wait for its garbage collector."""
+    listing = subprocess.run(
+        [ctr, f"--address={address}", "-n", "k8s.io", "images", "ls"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    orphans = orphan_refs(listing)
+    if orphans:
+        subprocess.run(
+            [ctr, f"--address={address}", "-n", "k8s.io", "images", "rm", "--sync", *orphans],
+            capture_output=True,
+            check=False,
+        )
+        say(f"removed {len(orphans)} image name(s) that only held replaced builds")
+    return orphans

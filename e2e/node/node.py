@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from e2e import hostpkgs
 from e2e.cluster import procs
 from e2e.cluster.api import Api, ApiError, WaitTimeoutError, wait_for
 from e2e.cluster.components import (
@@ -42,7 +43,7 @@ from e2e.cluster.components import (
 )
 from e2e.cluster.pki import Pki, ensure_client_cert, ensure_serving_cert
 from e2e.cluster.state import ClusterError, Layout, State, admin_api, say
-from e2e.images.build import BUILDERS, PAUSE_TAG, import_image
+from e2e.images.build import BUILDERS, PAUSE_TAG, import_image, remove_orphans
 
 REPO = Path(__file__).resolve().parents[2]
 POD_CIDR = REAL_POD_CIDR
@@ -169,46 +170,11 @@ def release(layout: Layout) -> None:
             CLAIM.unlink()
 
 
-# Debian packages a real node needs, by the command that shows each is there.
-PACKAGES = {
-    "containerd": "containerd",
-    "runc": "runc",
-    "/usr/lib/cni/bridge": "containernetworking-plugins",
-    "iptables": "iptables",
-    "conntrack": "conntrack",
-    "socat": "socat",
-    "gcc": "gcc",
-    "debootstrap": "debootstrap",
-}
-
-
-def ensure_packages() -> None:
-    """apt-get install what is missing (a fresh machine: `make test` installs what it needs)."""
-    missing = sorted(
-        {
-            pkg
-            for probe, pkg in PACKAGES.items()
-            if not (shutil.which(probe) or Path(probe).exists())
-        }
-    )
-    if not missing:
-        return
-    if shutil.which("apt-get") is None:
-        raise ClusterError(f"missing packages {' '.join(missing)} and no apt-get to install them")
-    say(f"installing {' '.join(missing)} (apt-get) ...")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    argv = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
-    if subprocess.run(argv, env=env, check=False).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, check=False)
-        if subprocess.run(argv, env=env, check=False).returncode != 0:
-            raise ClusterError(f"apt-get install {' '.join(missing)} failed (see above)")
-
-
-def _need(tool: str, package: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        raise ClusterError(f"'{tool}' missing: apt-get install -y {package}")
-    return path
+def _need(tool: str) -> str:
+    try:
+        return hostpkgs.require(tool)
+    except hostpkgs.HostPackageError as err:
+        raise ClusterError(str(err)) from None
 
 
 def _sh(argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -285,8 +251,8 @@ def cni_config(nl: NodeLayout) -> dict[str, Any]:
 
 
 def start_containerd(nl: NodeLayout, state: State, layout: Layout) -> procs.Daemon:
-    containerd = _need("containerd", "containerd")
-    _need("runc", "runc")
+    containerd = _need("containerd")
+    _need("runc")
     cni_bin = next((d for d in CNI_BIN_DIRS if Path(d, "bridge").exists()), None)
     if cni_bin is None:
         raise ClusterError("CNI plugins missing: apt-get install -y containernetworking-plugins")
@@ -320,6 +286,7 @@ def start_containerd(nl: NodeLayout, state: State, layout: Layout) -> procs.Daem
 def import_images(nl: NodeLayout, names: list[str]) -> None:
     for name in names:
         import_image(BUILDERS[name](), address=str(nl.sock), store=str(nl.store))
+    remove_orphans(address=str(nl.sock))
 
 
 # --- network guards --------------------------------------------------------------------------
@@ -495,12 +462,11 @@ def start(layout: Layout, state: State, bindir: Path, *, images: list[str]) -> d
         raise ClusterError("a real node needs root (containerd, iptables, routes, cgroups)")
     nl = NodeLayout(layout.root / "node")
     nl.etc.mkdir(parents=True, exist_ok=True)
-    _need("iptables", "iptables")
-    _need("conntrack", "conntrack")
     unknown = sorted(set(images) - set(BUILDERS))
     if unknown:
         raise ClusterError(f"unknown image(s) {', '.join(unknown)}; known: {', '.join(BUILDERS)}")
-    ensure_packages()
+    for tool in hostpkgs.PACKAGES:  # everything a node needs, before anything uses one
+        _need(tool)
     # Build (or find cached) every image before taking the machine's one real node.
     built = [BUILDERS[name]() for name in ["pause", *[i for i in images if i != "pause"]]]
     claim(layout, wait=float(os.environ.get("ELASTRA_REAL_NODE_WAIT", "600")))
@@ -515,6 +481,7 @@ def start(layout: Layout, state: State, bindir: Path, *, images: list[str]) -> d
     say(f"containerd on {nl.sock}: ok ({time.monotonic() - started:.1f}s)")
     for image in built:
         import_image(image, address=str(nl.sock), store=str(nl.store))
+    remove_orphans(address=str(nl.sock))
     names = ["kubelet", "kubelet_healthz", "proxy_healthz", "proxy_metrics"]
     ports = dict(zip(names, free_ports(len(names)), strict=True))
     info["ports"] = ports

@@ -39,10 +39,24 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+ON_THE_CLUSTER = (
+    "test_cpu_tiny.py",
+    "test_llama_3d.py",
+    "test_torchrun.py",
+    "test_object_storage.py",
+    "test_readme_install.py",
+)  # the others judge checks offline
+LAST_CHAPTER = "test_helm_uninstall_leaves_nothing_behind"
+AFTER_UNINSTALL = "test_readme_install.py"
+"""Installs the chart itself under the README's names: after the suite's release is gone."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.name == "test_cpu_tiny.py":  # the others judge the checks, no cluster
+        if item.path.name in ON_THE_CLUSTER:
             item.add_marker(pytest.mark.e2e)
+    # Every job's chapter runs before the release is uninstalled, whatever file it is in.
+    items.sort(key=lambda item: (item.path.name == AFTER_UNINSTALL, item.name == LAST_CHAPTER))
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +70,12 @@ def elastra(target: Target) -> Iterator[Elastra]:
     kube = target.kube
     host_dir = target.local_root / "volumes" / "cpu-tiny" if target.local_root else None
     setup = Setup(host_dir=host_dir)
-    job = JobRun(kube, setup.job_namespace, example_job(setup.job_namespace)["metadata"]["name"])
+    job = JobRun(
+        kube,
+        setup.job_namespace,
+        example_job(setup.job_namespace)["metadata"]["name"],
+        operator=setup.operator,
+    )
     state = Elastra(kube, setup, job)
     try:
         for namespace in (setup.operator_namespace, setup.job_namespace):

@@ -7,14 +7,20 @@ writes on the shared checkpoint volume and the worker pods' logs (e2e/trainlog.p
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 import pytest
-from e2e.elasticjob import Elastra, example_job
+from e2e.cluster import Layout, apiserver_frozen
+from e2e.elasticjob import RUNNING_STEPS, Elastra, complete_lines, example_job
 from e2e.install import denials, denied_events, leftovers, rbac_against_golden, wait_nothing_left
-from e2e.kube import wait_for
+from e2e.kube import KubeError, wait_for
+from e2e.target import Target
 from e2e.trainlog import (
     check_contiguous,
     check_data_order,
     check_resumes,
+    parse_step_log,
     resumes,
     world_spans,
 )
@@ -23,6 +29,10 @@ pytestmark = pytest.mark.timeout(1200)
 
 STEPS_PER_WORLD = 3
 """Steps each new world must train before a test moves on: it really resumed and trained."""
+OUTAGE_S = 60
+"""How long the API server is away: an upgrade or a control-plane failover."""
+RECOVER_S = 90
+"""From the API server answering again to a running world that trains (issue's bound)."""
 
 
 def _grow_or_shrink(elastra: Elastra, replicas: int) -> int:
@@ -52,7 +62,7 @@ def test_operator_is_admitted_under_restricted_and_holds_the_golden_rbac(
 
 def test_job_trains_in_a_world_of_three(elastra: Elastra) -> None:
     job = elastra.job
-    elastra.kube.apply(example_job(elastra.setup.job_namespace))
+    elastra.kube.apply(example_job(elastra.setup.job_namespace, steps=RUNNING_STEPS))
     version = job.wait_world(3, after=0)
     last = job.wait_trained(version, STEPS_PER_WORLD)
     pods = job.running_pods()
@@ -146,6 +156,45 @@ def test_operator_killed_in_the_middle_of_a_resize_converges(elastra: Elastra) -
     )
     assert successor["metadata"]["name"] != operator["metadata"]["name"]
     assert job.versions == sorted(set(job.versions))
+
+
+def test_a_minute_without_the_api_server_is_ridden_out(elastra: Elastra, target: Target) -> None:
+    """The API server frozen for a minute (nothing answers, connections hang): the workers
+    train on without it, and once it answers again the job is Running at its desired size and
+    training within RECOVER_S. The next chapter checks that no step was lost."""
+    if target.local_root is None or elastra.setup.host_dir is None:
+        pytest.skip("freezes the local cluster's API server; an external cluster's cannot be")
+    job = elastra.job
+    host_log = elastra.setup.host_dir / "steps.jsonl"
+    desired = int(job.job()["spec"]["replicas"])
+    before = job.step_log()[-1].step
+    with apiserver_frozen(Layout(target.local_root)):
+        time.sleep(OUTAGE_S)  # the fault itself: it lasts this long, nothing is waited on
+        during = [
+            r for r in parse_step_log(complete_lines(host_log.read_text())) if r.step > before
+        ]
+    assert during, "no step was trained while the API server was away"
+    resumed = time.monotonic()
+
+    def trained_since_resume() -> int | None:
+        with contextlib.suppress(KubeError):
+            world = job.status().get("world") or {}
+            running = job.running_pods()
+            records = job.step_log()
+            if world.get("size") == desired and len(running) == desired and records:
+                newest = records[-1]
+                fresh = newest.step >= during[-1].step + STEPS_PER_WORLD
+                return newest.step if fresh and newest.world_version >= world["version"] else None
+        return None
+
+    wait_for(
+        f"a running world of {desired} training again after the outage",
+        trained_since_resume, timeout=RECOVER_S, interval=2, hint=job.describe,
+    )  # fmt: skip
+    print(
+        f"API server frozen {OUTAGE_S}s: {len(during)} steps trained meanwhile; "
+        f"world of {desired} training again {time.monotonic() - resumed:.0f}s after it answered"
+    )
 
 
 def test_no_step_lost_and_the_data_order_held(elastra: Elastra) -> None:

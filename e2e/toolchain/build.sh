@@ -6,13 +6,17 @@
 # published modules. The wrapper modules beside this script (kubernetes/, etcd/, kwok/, helm/)
 # pin every version in their go.mod/go.sum; the cache key is a hash of those files, RECIPE below
 # and the Go version, so a warm machine skips the build in about a second and a pin change
-# builds into a fresh folder.
+# builds into a fresh folder. Kueue's manager (kueue/, for the Kueue integration tests) is
+# built the same way into a folder of its own, keyed by its own pins, so bumping Kueue never
+# rebuilds Kubernetes and the reverse; its CRDs are copied from the module's source beside it.
 #
-#   e2e/toolchain/build.sh                 build if needed, then print the bin dir last
-#   e2e/toolchain/build.sh --print-bindir  print the bin dir (built or not) and exit
-#   e2e/toolchain/build.sh --check         exit 0 when the cache is warm, 1 when not
+#   e2e/toolchain/build.sh                   build if needed, then print the bin dir last
+#   e2e/toolchain/build.sh --print-bindir    print the bin dir (built or not) and exit
+#   e2e/toolchain/build.sh --print-kueue-dir print Kueue's folder (bin/kueue, crds/) and exit
+#   e2e/toolchain/build.sh --check           exit 0 when the cache is warm, 1 when not
 #
 # Cache: ${ELASTRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elastra}/toolchain/<key>/bin
+#        ${ELASTRA_CACHE:-...}/toolchain/kueue-<version>-<hash>/{bin/kueue,crds/*.yaml}
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -21,6 +25,7 @@ CACHE_ROOT="${ELASTRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elastra}/toolchain"
 # Bump when the build flags or the set of binaries change, so caches built the old way are not
 # reused (editing comments or messages here does not invalidate the cache).
 RECIPE=1
+KUEUE_RECIPE=1
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
 
@@ -182,22 +187,69 @@ build() {
   say "built in $((SECONDS - started))s: $(ls "$dest/bin" | tr '\n' ' ')"
 }
 
+# --- Kueue: its own folder and key ------------------------------------------------------------
+
+kueue_key() {
+  local v hash
+  v="$(modversion kueue sigs.k8s.io/kueue)" || die "cannot read the sigs.k8s.io/kueue version from $HERE/kueue/go.mod"
+  hash="$( { go env GOVERSION; echo "recipe=$KUEUE_RECIPE";
+             cat "$HERE/kueue/go.mod" "$HERE/kueue/go.sum"; } | sha256sum | cut -c1-12)"
+  printf 'kueue-%s-%s' "$v" "$hash"
+}
+
+# Kueue's manager, and its CRDs from the same module's source (config/components/crd/bases in
+# the module zip), so the CRDs always match the binary. Nothing of Kueue's is committed here.
+build_kueue() {
+  local key="$1" dest="$CACHE_ROOT/$1" stage log started=$SECONDS v src
+  stage="$CACHE_ROOT/.build-$key-$$"
+  rm -rf "$stage"; mkdir -p "$stage/bin" "$stage/crds"
+  log="$CACHE_ROOT/build-$key.log"
+  : >"$log"
+  trap 'rm -rf "$stage"' EXIT
+  v="$(modversion kueue sigs.k8s.io/kueue)"
+  say "cold Kueue cache: building Kueue $v into $dest (log: $log; about 10 min on 2 cores)"
+  say "[1/2] kueue: downloading modules"
+  (cd "$HERE/kueue" && with_heartbeat "$log" "kueue download" go mod download) ||
+    explain_failure "$log" "downloading the kueue modules"
+  say "[2/2] kueue: go build kueue"
+  (cd "$HERE/kueue" && with_heartbeat "$log" "kueue" \
+    go build -v -p 2 -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$v" \
+      -o "$stage/bin/kueue" sigs.k8s.io/kueue/cmd/kueue) ||
+    explain_failure "$log" "building sigs.k8s.io/kueue/cmd/kueue"
+  src="$(cd "$HERE/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
+  cp "$src"/config/components/crd/bases/*.yaml "$stage/crds/" ||
+    die "no CRDs under $src/config/components/crd/bases"
+  chmod u+w "$stage"/crds/*.yaml  # the module cache is read-only
+  {
+    echo "key=$key"; echo "go=$(go env GOVERSION)"; echo "built=$(date -u +%FT%TZ)"
+    echo "seconds=$((SECONDS - started))"; echo "kueue=$v"
+  } >"$stage/MANIFEST"
+  mv "$log" "$stage/build.log"
+  rm -rf "$dest"
+  mv "$stage" "$dest"
+  trap - EXIT
+  say "built Kueue in $((SECONDS - started))s: $dest/bin/kueue, $(ls "$dest/crds" | wc -l) CRDs"
+}
+
 main() {
   local mode="build"
   case "${1:-}" in
     --print-bindir) mode="print" ;;
     --check) mode="check" ;;
-    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --print-kueue-dir) mode="print-kueue" ;;
+    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     "") ;;
     *) die "unknown option '$1' (try --help)" ;;
   esac
   need_go
-  local key bindir
+  local key bindir kkey
   key="$(cache_key)"
+  kkey="$(kueue_key)"
   bindir="$CACHE_ROOT/$key/bin"
   case "$mode" in
     print) echo "$bindir"; return ;;
-    check) [[ -f "$CACHE_ROOT/$key/MANIFEST" ]]; return ;;
+    print-kueue) echo "$CACHE_ROOT/$kkey"; return ;;
+    check) [[ -f "$CACHE_ROOT/$key/MANIFEST" && -f "$CACHE_ROOT/$kkey/MANIFEST" ]]; return ;;
   esac
   mkdir -p "$CACHE_ROOT"
   # One build at a time per cache (two checkouts, or make -j, may call this together).
@@ -210,6 +262,12 @@ main() {
     say "warm cache: $bindir"
   else
     build "$key"
+  fi
+  if [[ -f "$CACHE_ROOT/$kkey/MANIFEST" ]]; then
+    say "warm Kueue cache: $CACHE_ROOT/$kkey"
+  else
+    check_disk
+    build_kueue "$kkey"
   fi
   echo "$bindir"
 }

@@ -5,7 +5,8 @@ Each subcommand lives in its own module under ``elastra.commands`` and exposes `
 wires them together, so adding a command never touches the others.
 
 Exit statuses follow one scheme across commands: 0 success, 2 bad input (a one-line message
-naming the file, field or node), other codes as each command documents.
+naming the file, field or node), 3 the API server cannot be reached (a one-line message naming
+its address and the kubeconfig), other codes as each command documents.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from types import ModuleType
 
 from elastra.commands import crds, plan, run, simulate, status, version
 from elastra.errors import UserError
+from elastra.kube.client import UnreachableError
 
 COMMANDS: tuple[ModuleType, ...] = (version, crds, plan, run, status, simulate)
 
@@ -42,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as err:
         print(f"elastra: error: {err}", file=sys.stderr)
         return 2
+    except UnreachableError as err:
+        print(f"elastra: error: {err}", file=sys.stderr)
+        return 3
     return status
 
 

@@ -37,6 +37,7 @@ def base_manifest(name: str = "case") -> dict[str, Any]:
                 "sequenceLength": 4096,
             },
             "training": {"globalBatchSize": 256},
+            "checkpoint": {"volume": "case-checkpoints"},
         },
     }
 
@@ -84,6 +85,31 @@ class ValidCase:
 def _same(id: str, edits: dict[str, Any], field: str, message: str) -> InvalidCase:
     """A case whose message is one of our CEL rules: both judges use the same words."""
     return InvalidCase(id=id, edits=edits, field=field, local=message, server=message)
+
+
+def _template(spec: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """The edit that gives the base job a worker pod template with this spec."""
+    return {"spec.worker.template": {"spec": spec, **more}}
+
+
+def _worker_entry(**fields: Any) -> dict[str, Any]:
+    """A template whose entry for the worker container sets these fields."""
+    return _template({"containers": [{"name": "worker", **fields}]})
+
+
+def _sidecar(**fields: Any) -> dict[str, Any]:
+    """A template with one sidecar container that sets these fields."""
+    return _template({"containers": [{"name": "proxy", "image": "envoy:1", **fields}]})
+
+
+def _volume(**fields: Any) -> dict[str, Any]:
+    """A template with one volume."""
+    return _template({"volumes": [fields]})
+
+
+TEMPLATE = "spec.worker.template.spec"
+CONTAINERS = f"{TEMPLATE}.containers"
+SECRET_KEY = {"name": "hub-token", "key": "token"}
 
 
 INVALID_SPECS: tuple[InvalidCase, ...] = (
@@ -231,6 +257,24 @@ INVALID_SPECS: tuple[InvalidCase, ...] = (
         "Required value",
     ),
     _same(
+        "bitwise-with-tensor",
+        {
+            "spec.training.consistency": "bitwise",
+            "spec.parallelism": {"mode": "manual", "tensor": 2, "pipeline": 1},
+        },
+        "spec.parallelism",
+        "training.consistency: bitwise is data parallel only",
+    ),
+    _same(
+        "bitwise-with-pipeline",
+        {
+            "spec.training.consistency": "bitwise",
+            "spec.parallelism": {"mode": "manual", "tensor": 1, "pipeline": 2},
+        },
+        "spec.parallelism",
+        "training.consistency: bitwise is data parallel only",
+    ),
+    _same(
         "manual-without-pipeline",
         {"spec.parallelism": {"mode": "manual", "tensor": 2}},
         "spec.parallelism.mode",
@@ -258,6 +302,28 @@ INVALID_SPECS: tuple[InvalidCase, ...] = (
         },
         "spec.parallelism.tensor",
         "parallelism.tensor must divide worker.gpus",
+    ),
+    _same(
+        "cpu-tensor-not-dividing-cpu-ranks",
+        {
+            "spec.worker": {"gpus": 0, "cpuRanks": 3, "image": "elastra-worker:dev"},
+            "spec.parallelism": {"mode": "manual", "tensor": 2, "pipeline": 1},
+        },
+        "spec.parallelism.tensor",
+        "a CPU job: it must divide worker.cpuRanks",
+    ),
+    _same(
+        "cpu-ranks-on-a-gpu-job",
+        {"spec.worker.cpuRanks": 2},
+        "spec.worker.cpuRanks",
+        "cpuRanks is for CPU jobs (gpus: 0)",
+    ),
+    InvalidCase(
+        "unknown-launch",
+        {"spec.worker.launch": "mpirun"},
+        "spec.worker.launch",
+        "'elastra' or 'torchrun'",
+        'supported values: "elastra", "torchrun"',
     ),
     _same(
         "tensor-not-dividing-heads",
@@ -310,34 +376,40 @@ INVALID_SPECS: tuple[InvalidCase, ...] = (
     ),
     _same(
         "volume-and-uri",
-        {"spec.checkpoint": {"volume": "ckpt", "uri": "s3://bucket/ckpt"}},
+        {"spec.checkpoint.uri": "s3://bucket/ckpt"},
         "spec.checkpoint.uri",
         "set volume or uri, not both",
     ),
+    _same(
+        "uri-not-s3",
+        {"spec.checkpoint.volume": DELETE, "spec.checkpoint.uri": "gs://bucket/ckpt"},
+        "spec.checkpoint.uri",
+        "uri must be s3://BUCKET[/PREFIX]",
+    ),
     InvalidCase(
         "volume-not-dns",
-        {"spec.checkpoint": {"volume": "My_Claim"}},
+        {"spec.checkpoint.volume": "My_Claim"},
         "spec.checkpoint.volume",
         "should match pattern",
         "should match",
     ),
     InvalidCase(
         "checkpoint-path-relative",
-        {"spec.checkpoint": {"path": "ckpt"}},
+        {"spec.checkpoint.path": "ckpt"},
         "spec.checkpoint.path",
         "should match pattern",
         "should match",
     ),
     InvalidCase(
         "checkpoint-interval-too-short",
-        {"spec.checkpoint": {"intervalSeconds": 1}},
+        {"spec.checkpoint.intervalSeconds": 1},
         "spec.checkpoint.intervalSeconds",
         "greater than or equal to 10",
         "greater than or equal to 10",
     ),
     InvalidCase(
         "checkpoint-keep-zero",
-        {"spec.checkpoint": {"keep": 0}},
+        {"spec.checkpoint.keep": 0},
         "spec.checkpoint.keep",
         "greater than or equal to 1",
         "greater than or equal to 1",
@@ -363,8 +435,333 @@ INVALID_SPECS: tuple[InvalidCase, ...] = (
         "valid boolean",
         "must be of type boolean",
     ),
+    _same(
+        "replicas-without-shared-checkpoints",
+        {"spec.checkpoint": DELETE},
+        "spec.checkpoint",
+        "checkpoint.volume (a PersistentVolumeClaim every worker mounts) or checkpoint.uri "
+        "is required when replicas or maxReplicas is above 1",
+    ),
+    _same(
+        "max-replicas-without-shared-checkpoints",
+        {"spec.replicas": 1, "spec.minReplicas": 1, "spec.checkpoint": DELETE},
+        "spec.checkpoint",
+        "so every resize restarts at step 0",
+    ),
+    InvalidCase(
+        "shm-size-negative",
+        {"spec.worker.shmSize": "-1Gi"},
+        "spec.worker.shmSize",
+        "should match pattern: a size",
+        "should match",
+    ),
+    InvalidCase(
+        "unknown-pod-security",
+        {"spec.worker.podSecurity": "privileged"},
+        "spec.worker.podSecurity",
+        "'restricted' or 'baseline'",
+        'supported values: "restricted", "baseline"',
+    ),
+    _same(
+        "template-node-name",
+        _template({"nodeName": "gpu-1"}),
+        f"{TEMPLATE}.nodeName",
+        "nodeName is Elastra's: it pins each worker to the node the planner chose",
+    ),
+    _same(
+        "template-scheduling-gates",
+        _template({"schedulingGates": [{"name": "mine"}]}),
+        f"{TEMPLATE}.schedulingGates",
+        "schedulingGates are Elastra's: its gang gate",
+    ),
+    *(
+        _same(
+            f"template-{field.lower()}",
+            _template({field: True}),
+            f"{TEMPLATE}.{field}",
+            f"{field} is not allowed: worker pods keep their own network, process and IPC",
+        )
+        for field in ("hostNetwork", "hostPID", "hostIPC")
+    ),
+    _same(
+        "template-pod-security-context",
+        _template({"securityContext": {"runAsUser": 0}}),
+        f"{TEMPLATE}.securityContext",
+        "securityContext is Elastra's: the pod's comes from spec.worker.podSecurity",
+    ),
+    _same(
+        "template-privileged-sidecar",
+        _sidecar(securityContext={"privileged": True}),
+        CONTAINERS,
+        "so no container runs privileged",
+    ),
+    *(
+        _same(
+            f"template-worker-{field}",
+            _worker_entry(**{field: value}),
+            CONTAINERS,
+            "the worker container's image, command, args and resources are set in spec.worker",
+        )
+        for field, value in (
+            ("image", "other:1"),
+            ("command", ["sh"]),
+            ("args", ["-c", "true"]),
+            ("resources", {"limits": {"memory": "1Gi"}}),
+        )
+    ),
+    _same(
+        "template-worker-ports",
+        _worker_entry(ports=[{"containerPort": 8080}]),
+        CONTAINERS,
+        "the worker container may only add env, envFrom and volumeMounts",
+    ),
+    _same(
+        "template-worker-reserved-env",
+        _worker_entry(env=[{"name": "POD_NAME", "value": "me"}]),
+        CONTAINERS,
+        "ELASTRA_METRICS_PORT, POD_NAME, ELASTRA_LAUNCH or ELASTRA_MODEL: Elastra sets",
+    ),
+    _same(
+        "template-worker-mounts-over-shm",
+        {
+            **_worker_entry(volumeMounts=[{"name": "data", "mountPath": "/dev/shm"}]),
+            f"{TEMPLATE}.volumes": [{"name": "data", "emptyDir": {}}],
+        },
+        CONTAINERS,
+        "may not use /etc/elastra, /dev/shm or /tmp",
+    ),
+    _same(
+        "template-worker-mounts-over-checkpoints",
+        {
+            **_worker_entry(volumeMounts=[{"name": "data", "mountPath": "/checkpoints"}]),
+            f"{TEMPLATE}.volumes": [{"name": "data", "emptyDir": {}}],
+        },
+        "spec.worker.template",
+        "may not use checkpoint.path: Elastra mounts the checkpoints there",
+    ),
+    _same(
+        "template-mount-of-unknown-volume",
+        _worker_entry(volumeMounts=[{"name": "nope", "mountPath": "/data"}]),
+        CONTAINERS,
+        "containers[].volumeMounts must name a volume of the template or one of Elastra's",
+    ),
+    _same(
+        "template-init-mount-of-unknown-volume",
+        _template(
+            {
+                "initContainers": [
+                    {
+                        "name": "fetch",
+                        "image": "busybox:1",
+                        "volumeMounts": [{"name": "nope", "mountPath": "/data"}],
+                    }
+                ]
+            }
+        ),
+        f"{TEMPLATE}.initContainers",
+        "initContainers[].volumeMounts must name a volume of the template or one of Elastra's",
+    ),
+    _same(
+        "template-sidecar-without-image",
+        _template({"containers": [{"name": "proxy"}]}),
+        CONTAINERS,
+        "a sidecar container needs an image",
+    ),
+    _same(
+        "template-sidecar-gpus",
+        _sidecar(resources={"limits": {"nvidia.com/gpu": "1"}}),
+        CONTAINERS,
+        "set GPUs with worker.gpus",
+    ),
+    _same(
+        "template-container-restart-policy",
+        _sidecar(restartPolicy="Always"),
+        CONTAINERS,
+        "restartPolicy is for initContainers only",
+    ),
+    _same(
+        "template-init-container-named-worker",
+        _template({"initContainers": [{"name": "worker"}]}),
+        f"{TEMPLATE}.initContainers",
+        "initContainers need names of their own",
+    ),
+    _same(
+        "template-init-container-named-like-a-sidecar",
+        _template(
+            {
+                "containers": [{"name": "proxy", "image": "envoy:1"}],
+                "initContainers": [{"name": "proxy", "image": "busybox:1"}],
+            }
+        ),
+        f"{TEMPLATE}.initContainers",
+        "initContainers need names of their own",
+    ),
+    *(
+        _same(
+            f"template-volume-named-{name}",
+            _volume(name=name, emptyDir={}),
+            f"{TEMPLATE}.volumes",
+            "volume names assignment, checkpoints, dshm and tmp are Elastra's",
+        )
+        for name in ("assignment", "dshm")
+    ),
+    _same(
+        "template-host-path-volume",
+        _volume(name="data", hostPath={"path": "/data"}),
+        f"{TEMPLATE}.volumes",
+        "hostPath volumes are not allowed: Pod Security forbids them",
+    ),
+    _same(
+        "template-volume-two-sources",
+        _volume(name="data", emptyDir={}, secret={"secretName": "s"}),
+        f"{TEMPLATE}.volumes",
+        "a volume needs exactly one source",
+    ),
+    _same(
+        "template-env-value-and-value-from",
+        _worker_entry(
+            env=[{"name": "TOKEN", "value": "x", "valueFrom": {"secretKeyRef": SECRET_KEY}}]
+        ),
+        CONTAINERS,
+        "set value or valueFrom, not both",
+    ),
+    _same(
+        "template-value-from-two-sources",
+        _worker_entry(
+            env=[
+                {
+                    "name": "TOKEN",
+                    "valueFrom": {
+                        "secretKeyRef": SECRET_KEY,
+                        "fieldRef": {"fieldPath": "metadata.name"},
+                    },
+                }
+            ]
+        ),
+        CONTAINERS,
+        "valueFrom needs exactly one of secretKeyRef, configMapKeyRef, fieldRef",
+    ),
+    _same(
+        "template-elastra-label",
+        _template({}, metadata={"labels": {"elastra.dev/job": "other"}}),
+        "spec.worker.template.metadata.labels",
+        "labels under elastra.dev/ are Elastra's",
+    ),
+    _same(
+        "template-elastra-annotation",
+        _template({}, metadata={"annotations": {"elastra.dev/assignment": "{}"}}),
+        "spec.worker.template.metadata.annotations",
+        "annotations under elastra.dev/ are Elastra's",
+    ),
 )
 """At least 25 (the foundation issue asks for 25): each blames one field."""
+
+FULL_TEMPLATE: dict[str, Any] = {
+    "metadata": {
+        "labels": {"team": "nlp", "app.kubernetes.io/part-of": "llm"},
+        "annotations": {"example.com/owner": "nlp-oncall"},
+    },
+    "spec": {
+        "volumes": [
+            {"name": "config", "configMap": {"name": "train-config"}},
+            {"name": "certs", "secret": {"secretName": "hub-certs"}},
+            {"name": "data", "persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}},
+            {"name": "cache", "emptyDir": {"sizeLimit": "10Gi"}},
+            {"name": "bundle", "projected": {"sources": [{"configMap": {"name": "extra"}}]}},
+            {"name": "fuse", "csi": {"driver": "gcsfuse.csi.storage.gke.io"}},
+            {
+                "name": "scratch",
+                "ephemeral": {
+                    "volumeClaimTemplate": {
+                        "spec": {
+                            "accessModes": ["ReadWriteOnce"],
+                            "resources": {"requests": {"storage": "1Gi"}},
+                        }
+                    }
+                },
+            },
+            {
+                "name": "podinfo",
+                "downwardAPI": {
+                    "items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]
+                },
+            },
+        ],
+        "containers": [
+            {
+                "name": "worker",
+                "env": [
+                    {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": SECRET_KEY}},
+                    {
+                        "name": "RUN_NAME",
+                        "valueFrom": {"configMapKeyRef": {"name": "train-config", "key": "run"}},
+                    },
+                    {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                    {"name": "LOG_LEVEL", "value": "info"},
+                ],
+                "envFrom": [{"configMapRef": {"name": "train-config"}}],
+                "volumeMounts": [
+                    {"name": "config", "mountPath": "/etc/train", "readOnly": True},
+                    {"name": "data", "mountPath": "/data"},
+                ],
+            },
+            {
+                "name": "metrics-agent",
+                "image": "example.com/agent:1.2",
+                "args": ["--port=9500"],
+                "ports": [{"containerPort": 9500, "name": "agent"}],
+                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                "readinessProbe": {"httpGet": {"path": "/ready", "port": 9500}},
+                "volumeMounts": [{"name": "certs", "mountPath": "/certs", "readOnly": True}],
+            },
+        ],
+        "initContainers": [
+            {"name": "fetch", "image": "busybox:1.36", "command": ["true"]},
+            {"name": "log-shipper", "image": "example.com/shipper:3", "restartPolicy": "Always"},
+        ],
+        "nodeSelector": {"example.com/pool": "training"},
+        "tolerations": [
+            {
+                "key": "example.com/dedicated",
+                "operator": "Equal",
+                "value": "nlp",
+                "effect": "NoSchedule",
+            },
+        ],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": "example.com/rack",
+                                    "operator": "In",
+                                    "values": ["r1", "r2"],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            },
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 10,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": {"team": "other"}},
+                        },
+                    }
+                ]
+            },
+        },
+        "priorityClassName": "training-high",
+        "serviceAccountName": "trainer",
+        "imagePullSecrets": [{"name": "registry-creds"}],
+    },
+}
+"""A template that uses every allow-listed field (unit tests build a pod from it, too)."""
 
 VALID_SPECS: tuple[ValidCase, ...] = (
     ValidCase("base"),
@@ -372,6 +769,14 @@ VALID_SPECS: tuple[ValidCase, ...] = (
         "cpu-job",
         {"spec.worker": {"gpus": 0, "image": "elastra-worker:dev"}, "spec.model": DELETE},
     ),
+    ValidCase(
+        "cpu-job-tensor-within-its-ranks",
+        {
+            "spec.worker": {"gpus": 0, "cpuRanks": 2, "image": "elastra-worker:dev"},
+            "spec.parallelism": {"mode": "manual", "tensor": 2, "pipeline": 2},
+        },
+    ),
+    ValidCase("torchrun-launch", {"spec.worker.launch": "torchrun"}),
     ValidCase(
         "manual-parallelism",
         {
@@ -390,6 +795,25 @@ VALID_SPECS: tuple[ValidCase, ...] = (
             "spec.placement": {"objective": "cost", "heterogeneous": True},
         },
     ),
+    ValidCase(
+        "single-replica-without-checkpoints",
+        {
+            "spec.replicas": 1,
+            "spec.minReplicas": 1,
+            "spec.maxReplicas": DELETE,
+            "spec.checkpoint": DELETE,
+        },
+    ),
+    ValidCase("checkpoints-at-a-uri", {"spec.checkpoint": {"uri": "s3://bucket/ckpt"}}),
+    ValidCase(
+        "template-everything",
+        {
+            "spec.worker.template": FULL_TEMPLATE,
+            "spec.worker.shmSize": "0",
+            "spec.worker.podSecurity": "baseline",
+        },
+    ),
+    ValidCase("template-host-network-false", _template({"hostNetwork": False})),
     ValidCase(
         "everything-set",
         {
@@ -413,6 +837,13 @@ VALID_SPECS: tuple[ValidCase, ...] = (
                 "permanentExitCodes": [2, 3],
             },
             "spec.suspend": True,
+        },
+    ),
+    ValidCase(
+        "bitwise-manual-data-parallel",
+        {
+            "spec.training.consistency": "bitwise",
+            "spec.parallelism": {"mode": "manual", "tensor": 1, "pipeline": 1},
         },
     ),
     ValidCase("bounds-equal", {"spec.replicas": 2, "spec.minReplicas": 2, "spec.maxReplicas": 2}),

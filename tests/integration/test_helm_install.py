@@ -170,7 +170,6 @@ DENIED = [
     {"verb": "patch", "resource": "nodes"},
     {"verb": "delete", "resource": "nodes"},
     {"verb": "update", "resource": "nodes", "subresource": "status"},
-    {"verb": "delete", "group": "elastra.dev", "resource": "trainingjobs"},
     {"verb": "update", "group": "elastra.dev", "resource": "trainingjobs"},
     {"verb": "patch", "group": "elastra.dev", "resource": "trainingjobs", "subresource": "scale"},
     {"verb": "get", "resource": "configmaps", "namespace": "default"},
@@ -288,6 +287,7 @@ def cpu_job(name: str) -> dict[str, Any]:
                 "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}},
             },
             "training": {"globalBatchSize": 8},
+            "checkpoint": {"uri": f"s3://elastra-test/{name}"},  # kwok pods never save
         },
     }
 

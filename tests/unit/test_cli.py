@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 import elastra
 from elastra.api.crd import render_crds
@@ -42,3 +45,35 @@ def test_console_script_runs() -> None:
         [sys.executable, "-m", "elastra.cli", "version"], capture_output=True, text=True, check=True
     )
     assert done.stdout.startswith("elastra ")
+
+
+def unreachable_kubeconfig(tmp_path: Path) -> tuple[Path, str]:
+    """A kubeconfig whose server is a local port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        server = f"https://127.0.0.1:{probe.getsockname()[1]}"
+    path = tmp_path / "config"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "kind-x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "kind-x",
+            }
+        )
+    )
+    return path, server
+
+
+@pytest.mark.parametrize("command", [["status", "some-job"], ["run", "--metrics-port=0"]])
+def test_unreachable_server_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    path, server = unreachable_kubeconfig(tmp_path)
+    assert main([*command, f"--kubeconfig={path}", "--context=kind-x"]) == 3
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"elastra: error: cannot reach the API server at {server} (connection refused): "
+        f"is the cluster up? (kubeconfig {path}, context kind-x)\n"
+    )

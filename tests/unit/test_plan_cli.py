@@ -27,6 +27,10 @@ PLAN_KEYS = {
     "sharding",
     "recompute",
     "batchShares",
+    "replicaBatchShares",
+    "virtualStages",
+    "schedule",
+    "stages",
     "predicted",
     "placement",
 }
@@ -57,6 +61,13 @@ def test_example_json_follows_the_contract(capsys: pytest.CaptureFixture[str]) -
     assert best["sharding"] in {"none", "optimizer", "full"}
     assert best["recompute"] in {"none", "selective", "full"}
     assert set(best["batchShares"]) == set(best["gpuTypes"])
+    shares = best["replicaBatchShares"]
+    assert len(shares) == best["dp"] and sum(shares) == 512
+    assert max(shares) == max(best["batchShares"].values())
+    assert best["schedule"] == ("interleaved1f1b" if best["virtualStages"] > 1 else "1f1b")
+    stages = best["stages"]
+    assert len(stages) == best["pp"] * best["virtualStages"]
+    assert stages[0]["layers"][0] == 0 and stages[-1]["layers"][1] == 32
     world = sum(best["gpuTypes"].values())
     assert world == best["dp"] * best["tp"] * best["pp"] == len(best["placement"])
     assert [r["rank"] for r in best["placement"]] == list(range(world))

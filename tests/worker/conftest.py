@@ -50,10 +50,11 @@ def run_local(
     extra: Sequence[str] = (),
     checkpoint_dir: Path | None = None,
     script_args: Sequence[str] = (),
+    trainer: Sequence[str] | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 300,
 ) -> LocalRun:
-    """Run the example under the local launcher; fail the test on a timeout."""
+    """Run the example (or ``python TRAINER...``) under the local launcher; fail on a timeout."""
     tmp.mkdir(parents=True, exist_ok=True)
     log = tmp / "steps.jsonl"
     cmd = [
@@ -62,7 +63,8 @@ def run_local(
         "--checkpoint-dir", str(checkpoint_dir or tmp / "ckpt"),
         "--consistency", consistency, "--log", str(log),
         "--world-timeout", "120", "--global-batch-size", "24", "--micro-batch-size", "2",
-        *extra, "--", sys.executable, str(EXAMPLE), "--dataset-size", "500", *script_args,
+        *extra, "--", sys.executable,
+        *(trainer or (str(EXAMPLE), "--dataset-size", "500", *script_args)),
     ]  # fmt: skip
     try:
         proc = subprocess.run(

@@ -1,7 +1,9 @@
 """The agent: assignment watching, stop requests, SIGTERM, exit codes and metrics.
 
-The first tests use a fake trainer (a few lines of Python, no torch) to pin the protocol fast;
-the last one runs the real example in a world of two pods driven through assignment files.
+The first tests use a fake trainer (a few lines of Python, no torch) to pin the protocol fast,
+in both launch modes (``elastra``: the Session's stop file; ``torchrun``: a plain script that
+only understands SIGTERM); one runs the real example in a world of two pods driven through
+assignment files.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 import textwrap
 import time
 import urllib.request
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,19 +58,28 @@ def assignment(version: int, *, rank: int = 0, size: int = 1, port: int = 1, **k
     )  # fmt: skip
 
 
-def start_agent(pod: Path, command: list[str], *, metrics_port: int = 0) -> subprocess.Popen[str]:
+def start_agent(
+    pod: Path,
+    command: list[str],
+    *,
+    metrics_port: int = 0,
+    args: Sequence[str] = ("--grace", "20"),
+    env: dict[str, str] | None = None,
+    stderr: int | None = None,
+) -> subprocess.Popen[str]:
     pod.mkdir(parents=True, exist_ok=True)
-    env = quiet_env()
-    env.update(
+    full_env = quiet_env()
+    full_env.update(
         {
             "ELASTRA_ASSIGNMENT_FILE": str(pod / "assignment"),
             "ELASTRA_METRICS_PORT": str(metrics_port),
             "ELASTRA_STEP_LOG": str(pod.parent / "steps.jsonl"),
+            **(env or {}),
         }
     )
     cmd = [sys.executable, "-m", "elastra_worker.cli", "run", "--control-dir", str(pod / "ctl"),
-           "--state-file", str(pod / "agent.json"), "--grace", "20", "--", *command]  # fmt: skip
-    return subprocess.Popen(cmd, env=env, text=True)
+           "--state-file", str(pod / "agent.json"), *args, "--", *command]  # fmt: skip
+    return subprocess.Popen(cmd, env=full_env, text=True, stderr=stderr)
 
 
 def write(pod: Path, text: str) -> None:
@@ -87,6 +99,33 @@ def test_bad_assignment_is_a_permanent_error(tmp_path: Path) -> None:
     (tmp_path / "assignment").write_text('{"job": "t", "worldVersion": 1, "worldSize": "two"}')
     proc = start_agent(tmp_path, [sys.executable, "-c", "pass"])
     assert proc.wait(timeout=60) == exitcodes.CONFIG
+
+
+def test_a_directory_at_the_assignment_path_is_a_permanent_error(tmp_path: Path) -> None:
+    (tmp_path / "assignment").mkdir()
+    proc = start_agent(tmp_path, [sys.executable, "-c", "pass"])
+    assert proc.wait(timeout=60) == exitcodes.CONFIG
+    assert "Is a directory" in agent_state(tmp_path)["error"]
+
+
+def test_a_trainer_exiting_config_makes_the_pod_exit_config(tmp_path: Path) -> None:
+    write(tmp_path, assignment(1, port=free_port()))
+    proc = start_agent(tmp_path, [sys.executable, "-c", "raise SystemExit(2)"])
+    assert proc.wait(timeout=60) == exitcodes.CONFIG
+    assert agent_state(tmp_path)["phase"] == "failed"
+
+
+def test_an_unusable_checkpoint_root_fails_at_start_permanently(tmp_path: Path) -> None:
+    """Not at the first save, retryably: the Session probes the root when it starts."""
+    claim = tmp_path / "claim"
+    claim.write_text("a file where the checkpoint root should be")
+    write(tmp_path, assignment(1, port=free_port(), ckpt=str(claim)))
+    command = [sys.executable, str(EXAMPLE), "--dataset-size", "50"]
+    proc = start_agent(tmp_path, command, stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == exitcodes.CONFIG, err
+    assert f"checkpoint root {claim}/t is not usable: Not a directory" in err
+    assert "Traceback" not in err
 
 
 def test_crashed_trainer_is_retryable(tmp_path: Path) -> None:
@@ -179,3 +218,149 @@ def test_only_own_interpreter_scripts_start_warm(tmp_path: Path) -> None:
     other.parent.mkdir()
     other.symlink_to(exe)  # another virtual environment's python: start cold
     assert warm_command([str(other), "train.py"]) is None
+
+
+# ---- torchrun launch mode ------------------------------------------------------------------------
+
+FAKE_PLAIN_SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    log, mode = sys.argv[1], sys.argv[2]
+    keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+            "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+            "TORCHELASTIC_RUN_ID", "TORCHELASTIC_MAX_RESTARTS", "ELASTRA_CHECKPOINT_DIR",
+            "ELASTRA_WORLD_VERSION", "ELASTRA_GLOBAL_BATCH_SIZE", "ELASTRA_ASSIGNMENT_JSON",
+            "ELASTRA_CONTROL_DIR"]
+    def note(**kw):
+        with open(log, "a") as f:
+            f.write(json.dumps(kw) + "\\n")
+    def on_sigterm(signum, frame):
+        note(event="sigterm", version=os.environ["ELASTRA_WORLD_VERSION"])
+        if mode != "ignore":
+            sys.exit(0)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    note(event="start", env={k: os.environ.get(k) for k in keys})
+    if mode in ("exit0", "crash"):
+        sys.exit(0 if mode == "exit0" else 3)
+    if mode == "resize-then-exit0":  # a rank stopped by peers that had SIGTERM first
+        staged = os.path.join(os.path.dirname(log), "next-assignment")
+        if os.path.exists(staged):  # the new world lands, then this rank exits, unasked
+            os.replace(staged, os.environ["ELASTRA_ASSIGNMENT_FILE"])
+        sys.exit(0)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+    sys.exit(9)
+    """
+)
+
+
+def events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def starts(path: Path) -> list[dict[str, Any]]:
+    return [e["env"] for e in events(path) if e["event"] == "start"]
+
+
+@pytest.fixture
+def agents() -> Iterator[list[subprocess.Popen[str]]]:
+    """Agents a test starts; killed at the end if the test left them running."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def plain(tmp_path: Path, mode: str) -> list[str]:
+    return [sys.executable, "-c", FAKE_PLAIN_SCRIPT, str(tmp_path / "events.jsonl"), mode]
+
+
+def test_torchrun_mode_sigterms_and_restarts_the_script_per_world_version(
+    tmp_path: Path, agents: list[subprocess.Popen[str]]
+) -> None:
+    log = tmp_path / "events.jsonl"
+    ports = [free_port(), free_port()]
+    write(tmp_path, assignment(1, port=ports[0], ckpt="/ck"))
+    agents.append(start_agent(tmp_path, plain(tmp_path, "forever"), args=["--launch", "torchrun"]))
+    wait_for(lambda: len(starts(log)) == 1, 30, "the script in world version 1")
+    first = starts(log)[0]
+    assert first == {
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "0", "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(ports[0]), "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_RUN_ID": "t", "TORCHELASTIC_MAX_RESTARTS": "10",
+        "ELASTRA_CHECKPOINT_DIR": "/ck", "ELASTRA_WORLD_VERSION": "1",
+        "ELASTRA_GLOBAL_BATCH_SIZE": "24", "ELASTRA_ASSIGNMENT_JSON": None,
+        "ELASTRA_CONTROL_DIR": None,
+    }  # fmt: skip
+
+    write(tmp_path, assignment(2, rank=1, size=2, port=ports[1], ckpt="/ck"))
+    wait_for(lambda: len(starts(log)) == 2, 30, "the script in world version 2")
+    assert [e["event"] for e in events(log)] == ["start", "sigterm", "start"]
+    second = starts(log)[1]
+    assert (second["RANK"], second["WORLD_SIZE"], second["GROUP_RANK"]) == ("1", "2", "1")
+    assert second["MASTER_PORT"] == str(ports[1])
+    assert second["TORCHELASTIC_RESTART_COUNT"] == "1"
+
+    agents[0].send_signal(signal.SIGTERM)  # eviction: the script exits 0 on SIGTERM
+    assert agents[0].wait(timeout=30) == exitcodes.OK
+    assert agent_state(tmp_path)["phase"] == "terminated"
+    assert events(log)[-1] == {"event": "sigterm", "version": "2"}
+
+
+def test_torchrun_mode_kills_a_script_that_ignores_sigterm_after_the_grace(
+    tmp_path: Path, agents: list[subprocess.Popen[str]]
+) -> None:
+    log = tmp_path / "events.jsonl"
+    write(tmp_path, assignment(1, port=free_port()))
+    agents.append(
+        start_agent(
+            tmp_path, plain(tmp_path, "ignore"), args=["--launch", "torchrun", "--grace", "1"]
+        )
+    )
+    wait_for(lambda: len(starts(log)) == 1, 30, "the script in world version 1")
+    asked = time.monotonic()
+    write(tmp_path, assignment(2, port=free_port()))
+    wait_for(lambda: len(starts(log)) == 2, 30, "the script in world version 2")
+    assert time.monotonic() - asked >= 1.0  # the grace period was given
+    assert [e["event"] for e in events(log)] == ["start", "sigterm", "start"]
+    write(tmp_path, assignment(3, stop=True))
+    assert agents[0].wait(timeout=30) == exitcodes.OK
+    assert agent_state(tmp_path)["phase"] == "stopped"
+
+
+@pytest.mark.parametrize(("mode", "code", "phase"), [("exit0", 0, "done"), ("crash", 75, "failed")])
+def test_torchrun_mode_exit_0_is_done_and_a_crash_is_retryable(
+    tmp_path: Path, mode: str, code: int, phase: str
+) -> None:
+    write(tmp_path, assignment(1, port=free_port()))
+    proc = start_agent(tmp_path, plain(tmp_path, mode), env={"ELASTRA_LAUNCH": "torchrun"})
+    assert proc.wait(timeout=60) == code
+    assert agent_state(tmp_path)["phase"] == phase
+    assert (
+        starts(tmp_path / "events.jsonl")[0]["GROUP_RANK"] == "0"
+    )  # torchrun mode by $ELASTRA_LAUNCH
+
+
+def test_unknown_launch_mode_is_a_permanent_error(tmp_path: Path) -> None:
+    write(tmp_path, assignment(1, port=free_port()))
+    proc = start_agent(tmp_path, plain(tmp_path, "exit0"), env={"ELASTRA_LAUNCH": "mpirun"})
+    assert proc.wait(timeout=60) == exitcodes.CONFIG
+
+
+def test_torchrun_mode_exit_0_as_a_new_world_is_assigned_is_a_stop(tmp_path: Path) -> None:
+    log = tmp_path / "events.jsonl"
+    write(tmp_path, assignment(1, port=free_port()))
+    (tmp_path / "next-assignment").write_text(assignment(2, port=free_port()))
+    proc = start_agent(
+        tmp_path, plain(tmp_path, "resize-then-exit0"), args=["--launch", "torchrun"]
+    )
+    # Not "done" in version 1: the script runs again in version 2, exits 0 unasked there: done.
+    assert proc.wait(timeout=30) == exitcodes.OK
+    assert [s["ELASTRA_WORLD_VERSION"] for s in starts(log)] == ["1", "2"]
+    assert agent_state(tmp_path)["phase"] == "done"

@@ -10,10 +10,16 @@ from typing import Any
 import pytest
 
 from elastra_worker.assignment import (
+    Assignment,
     AssignmentError,
+    CheckpointSpec,
+    Plan,
+    RankCoord,
     assignment_from_env,
+    default_coords,
     parse_assignment,
     read_assignment_file,
+    split_layers,
 )
 
 
@@ -48,6 +54,42 @@ def test_full_assignment_round_trips() -> None:
     assert parse_assignment(a.to_json()) == a
 
 
+def test_full_plan_round_trips() -> None:
+    """Every plan field the operator writes (uneven shares, interleaved pipeline stages,
+    every rank's coordinates) comes back equal through the wire."""
+    coords = default_coords(2, 2, 2)
+    plan = Plan(
+        dp=2,
+        tp=2,
+        pp=2,
+        micro_batch_size=2,
+        batch_shares=(18, 14),
+        virtual_stages=2,
+        schedule="interleaved1f1b",
+        sharding="optimizer",
+        recompute="selective",
+        ranks=coords,
+        stages=split_layers(10, 4),
+    )
+    a = Assignment(
+        job="gpt",
+        world_version=5,
+        rank=4,
+        world_size=8,
+        master_addr="gpt-w0.gpt",
+        master_port=29505,
+        plan=plan,
+        global_batch_size=32,
+        checkpoint=CheckpointSpec(path="/ckpt"),
+        local_world_size=4,
+        consistency="data",
+    )
+    back = parse_assignment(a.to_json())
+    assert back == a and back.plan == plan
+    assert [(s.start, s.stop) for s in back.plan.stages] == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert back.plan.coord(5) == RankCoord(rank=5, dp_rank=1, tp_rank=1, pp_stage=0)
+
+
 def test_world_size_zero_waits_without_master_fields() -> None:
     a = parse_assignment({"job": "gpt", "worldVersion": 4, "worldSize": 0})
     assert a.waiting
@@ -72,11 +114,66 @@ def test_shares_default_to_even_split() -> None:
         ({"apiVersion": "v2"}, "apiVersion"),
         ({"job": "a/b"}, "job"),
         ({"checkpoint": {"path": ""}}, "checkpoint.path"),
+        # hostile inputs: bounded, and never a path outside the claim
+        ({"checkpoint": {"path": "../../etc"}}, "checkpoint.path: expected an absolute path"),
+        ({"checkpoint": {"path": "/ckpt/../../etc"}}, "without '..'"),
+        ({"checkpoint": {"path": "relative/ckpt"}}, "checkpoint.path: expected an absolute"),
+        ({"checkpoint": {"path": "/ckpt\0/x"}}, "checkpoint.path: contains a NUL"),
+        ({"checkpoint": {"path": "/" + "c" * 5000}}, "checkpoint.path: 5001 characters"),
+        ({"job": "j" * 300}, "job: 300 characters, at most 253"),
+        ({"job": ".."}, "job: expected a non-empty name"),
+        ({"job": "a\0b"}, "job: contains a NUL"),
+        ({"masterAddr": "m" * 300}, "masterAddr: 300 characters"),
+        ({"plan": {"dp": 4, "batchShares": [1] * 200_000}}, "plan.batchShares: 200000 entries"),
+        ({"plan": {"dp": 4, "ranks": [{}] * 200_000}}, "plan.ranks: has 200000 entries"),
+        ({"plan": {"dp": 1, "pp": 4, "virtualStages": 10**9}}, "plan.virtualStages: 1000000000"),
+        (
+            {
+                "worldSize": 2,
+                "rank": 0,
+                "plan": {
+                    "dp": 1,
+                    "pp": 2,
+                    "virtualStages": 65536,
+                    "stages": [{"layers": [0, 0]}] * 131_072,
+                },
+            },
+            "plan.stages: 131072 entries",
+        ),
     ],
 )
 def test_bad_fields_are_named(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(AssignmentError, match=re.escape(message)):
         parse_assignment(wire(**changes))
+
+
+def test_checkpoint_path_is_normalised() -> None:
+    a = parse_assignment(wire(checkpoint={"path": "/ckpt//jobs/./a/"}))
+    assert a.checkpoint.path == "/ckpt/jobs/a"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[" * 50_000 + "]" * 50_000, "not valid JSON"),  # RecursionError inside json
+        (b"{\xff\xfe}", "not UTF-8"),
+        ("1" * 5000, "not valid JSON"),  # int() digit limit: ValueError inside json
+        (None, "cannot read it: Is a directory"),
+        (b" " * (2 << 20), "larger than"),
+    ],
+)
+def test_an_unreadable_file_is_an_assignment_error(
+    tmp_path: Path, content: str | bytes | None, message: str
+) -> None:
+    f = tmp_path / "assignment"
+    if content is None:
+        f.mkdir()
+    elif isinstance(content, bytes):
+        f.write_bytes(content)
+    else:
+        f.write_text(content)
+    with pytest.raises(AssignmentError, match=re.escape(message)):
+        read_assignment_file(f)
 
 
 def test_bitwise_needs_whole_logical_shares() -> None:
@@ -99,5 +196,6 @@ def test_from_env_uses_torchrun_variables() -> None:
     env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": "1234", "ELASTRA_GLOBAL_BATCH_SIZE": "8"}
     a = assignment_from_env(env)
     assert (a.rank, a.world_size, a.master_port, a.plan.batch_shares) == (1, 2, 1234, (4, 4))
+    assert a.checkpoint.path == str(Path("checkpoints").resolve())  # relative: from the cwd
     with pytest.raises(AssignmentError, match="WORLD_SIZE"):
         assignment_from_env({"WORLD_SIZE": "two"})

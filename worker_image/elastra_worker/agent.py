@@ -13,6 +13,9 @@ agent kills its trainers after ``stop_timeout_s``: the new world resumes from th
 checkpoint instead of waiting for a collective timeout. SIGTERM (eviction, preemption, scale-in)
 asks for a stop and a checkpoint too, and kills the trainers if the grace period runs out.
 
+``--launch torchrun`` runs a plain script written for torchrun instead (see ``torchrun.py``):
+torchrun's variables, and SIGTERM plus a grace period in place of the stop file.
+
 The agent imports no torch: it starts in milliseconds and stays small.
 """
 
@@ -35,12 +38,18 @@ from typing import Any, Literal
 from . import exitcodes
 from .assignment import Assignment, AssignmentError, read_assignment_file
 from .control import CONTROL_DIR_ENV, ControlDir
+from .cpushare import with_threads
 from .lifeline import PARENT_PID_ENV
 from .standby import warm_command
+from .torchrun import Launch, cold_command, torchrun_env
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["done", "stopped", "failed", "terminated"]
+Outcome = Literal["done", "stopped", "failed", "terminated", "invalid"]
+
+# A plain script reports no progress, so "past its start-up" (when standbys for the next world
+# may take CPU without slowing it down) is guessed from its age.
+STANDBY_AFTER_S = 5.0
 
 
 @dataclass
@@ -56,6 +65,7 @@ class AgentConfig:
     grace_s: float = 25.0
     state_file: Path | None = None
     warm_start: bool = True
+    launch: Launch = "elastra"
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
@@ -74,6 +84,7 @@ class Agent:
         self.state: dict[str, Any] = {"phase": "waiting", "trainerStarts": 0}
         self._warm_argv = warm_command(config.command) if config.warm_start else None
         self._standbys: list[subprocess.Popen[bytes]] = []
+        self._worlds_started = 0
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -147,8 +158,9 @@ class Agent:
             except BrokenPipeError:
                 continue
             return standby
+        command = list(self.config.command)
         return subprocess.Popen(
-            list(self.config.command),
+            cold_command(command) if self.config.launch == "torchrun" else command,
             env=env,
             start_new_session=True,  # its own process group: killed as a whole
         )
@@ -187,7 +199,13 @@ class Agent:
                 self._set_state(phase="done", worldVersion=a.world_version)
                 return exitcodes.OK
             if outcome == "terminated":
+                self._set_state(phase="terminated", worldVersion=a.world_version)
                 return exitcodes.OK if self.state.get("checkpointed") else exitcodes.RETRYABLE
+            if outcome == "invalid":
+                # A trainer exited CONFIG (bad root, bad model, bad arguments): no new world
+                # version fixes that, so the pod says so to the operator.
+                self._set_state(phase="failed", worldVersion=a.world_version)
+                return exitcodes.CONFIG
             if outcome == "failed":
                 newer = self._read()
                 if newer is None or newer.waiting or newer.world_version <= a.world_version:
@@ -198,7 +216,10 @@ class Agent:
             self._set_state(phase="stopped", worldVersion=a.world_version)
 
     def _trainer_env(self, a: Assignment, local_rank: int) -> dict[str, str]:
-        env = dict(self.config.env)
+        base = with_threads(self.config.env, trainers=a.local_world_size)
+        if self.config.launch == "torchrun":
+            return torchrun_env(base, a, local_rank=local_rank, restart_count=self._worlds_started)
+        env = dict(base)
         env.update(
             {
                 "RANK": str(a.rank + local_rank),
@@ -227,6 +248,7 @@ class Agent:
         )
         warm = bool(self._standbys)
         procs = [self._start_trainer(self._trainer_env(a, lr)) for lr in range(a.local_world_size)]
+        self._worlds_started += 1
         if warm:  # the trainers skip the imports: prepare the next world's right away
             self._prepare_standbys(len(procs))
         self._set_state(
@@ -238,6 +260,21 @@ class Agent:
             trainerPids=[p.pid for p in procs],
             checkpointed=False,
         )
+        if self.config.launch == "torchrun":
+            return self._watch_script(a, procs)
+        return self._watch_trainers(a, procs)
+
+    def _stop_reason(self, a: Assignment) -> str | None:
+        """Why world ``a`` must end now (SIGTERM, stop, a new version), or None."""
+        if self._terminating:
+            return "SIGTERM"
+        newer = self._read()
+        if newer is None or newer.stop or newer.world_version != a.world_version:
+            return "stop" if newer is not None and newer.stop else "new world version"
+        return None
+
+    def _watch_trainers(self, a: Assignment, procs: list[subprocess.Popen[bytes]]) -> Outcome:
+        """Session trainers: a stop file makes the whole world stop at one step, checkpointed."""
         deadline: float | None = None
         stop_sent = False
         terminated = False
@@ -249,38 +286,112 @@ class Agent:
                 bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
                 log.warning("trainer(s) failed (local rank, exit code): %s", bad)
                 _kill_all(procs)
+                if exitcodes.CONFIG in codes:
+                    return "invalid"
                 return "terminated" if terminated else "failed"
             if all(c == 0 for c in codes):
-                break
+                return self._trainers_exit(len(procs), terminated=terminated)
             if self._terminating and not terminated:
                 terminated = True
                 self.control.request_stop("SIGTERM")
                 stop_sent = True
                 deadline = self.clock() + self.config.grace_s
-            if not stop_sent:
-                newer = self._read()
-                if newer is None or newer.stop or newer.world_version != a.world_version:
-                    why = "stop" if newer is not None and newer.stop else "new world version"
-                    log.info("asking trainers to stop at the next step boundary (%s)", why)
-                    self.control.request_stop(why)
-                    stop_sent = True
-                    # Before their first step the trainers have nothing to save (they may be
-                    # stuck in a rendezvous with a pod that is gone): end them at once.
-                    started = self.control.progress(0) is not None
-                    deadline = self.clock() + (self.config.stop_timeout_s if started else 0.0)
+            if not stop_sent and (why := self._stop_reason(a)) is not None:
+                log.info("asking trainers to stop at the next step boundary (%s)", why)
+                self.control.request_stop(why)
+                stop_sent = True
+                # Before their first step the trainers have nothing to save (they may be
+                # stuck in a rendezvous with a pod that is gone): end them at once.
+                started = self.control.progress(0) is not None
+                deadline = self.clock() + (self.config.stop_timeout_s if started else 0.0)
             if deadline is not None and self.clock() > deadline:
                 log.warning("trainers did not stop in time: killing them")
                 _kill_all(procs)
                 return "terminated" if terminated else "failed"
             time.sleep(self.config.poll_s)
-        statuses = [self.control.status(lr) for lr in range(len(procs))]
+
+    def _trainers_exit(self, count: int, *, terminated: bool) -> Outcome:
+        """All Session trainers exited 0: done or stopped, as their status files say."""
+        statuses = [self.control.status(lr) for lr in range(count)]
         checkpointed = all(s is not None and s.checkpoint_step == s.step for s in statuses)
         self._set_state(checkpointed=checkpointed)
         if terminated:
             return "terminated"
+        if all(s is None for s in statuses):
+            log.warning(
+                "the trainer exited 0 without reporting through the Session API: taken as "
+                "done (a plain torchrun script needs --launch torchrun to survive resizes)"
+            )
         if all(s is None or s.state == "done" for s in statuses):
             return "done"
         return "stopped"
+
+    def _watch_script(self, a: Assignment, procs: list[subprocess.Popen[bytes]]) -> Outcome:
+        """A plain torchrun script: SIGTERM is the only stop request it understands.
+
+        On a new version, ``stop: true`` or SIGTERM to the agent, every process of the script
+        gets SIGTERM (its chance to checkpoint and exit 0) and ``grace_s`` to go, then SIGKILL;
+        the new world starts once they are all gone. Unasked, exit 0 means finished and any
+        other exit a crash, as under torchrun.
+        """
+        started = self.clock()
+        deadline: float | None = None
+        terminated = False
+        while True:
+            if not self._standbys and self.clock() - started >= STANDBY_AFTER_S:
+                self._prepare_standbys(len(procs))  # no step reports: assume past start-up
+            codes = [p.poll() for p in procs]
+            if deadline is None and any(c not in (None, 0) for c in codes):
+                bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+                log.warning("script process(es) failed (local rank, exit code): %s", bad)
+                _kill_all(procs)
+                return "invalid" if exitcodes.CONFIG in codes else "failed"
+            if all(c is not None for c in codes):
+                return self._script_exit(
+                    a, codes, stopping=deadline is not None, terminated=terminated
+                )
+            if self._terminating and not terminated:
+                terminated = True
+                deadline = None  # send SIGTERM again below, with the SIGTERM grace period
+            if deadline is None and (why := self._stop_reason(a)) is not None:
+                log.info(
+                    "SIGTERM to the script (%s): %.0fs to checkpoint and exit",
+                    why,
+                    self.config.grace_s,
+                )
+                _signal_all(procs, signal.SIGTERM)
+                deadline = self.clock() + self.config.grace_s
+            if deadline is not None and self.clock() > deadline:
+                log.warning("the script did not exit within %.0fs: killing it", self.config.grace_s)
+                _kill_all(procs)
+                self._set_state(checkpointed=False)
+                return "terminated" if terminated else "stopped"
+            time.sleep(self.config.poll_s)
+
+    def _script_exit(
+        self, a: Assignment, codes: list[int | None], *, stopping: bool, terminated: bool
+    ) -> Outcome:
+        """Every script process has exited: done, or stopped for the next world."""
+        clean = all(c == 0 for c in codes)
+        if stopping or terminated:
+            if not clean:
+                log.info("script exit codes after SIGTERM: %s (no checkpoint promised)", codes)
+            self._set_state(checkpointed=clean)
+            return "terminated" if terminated else "stopped"
+        # Exit 0 unasked is "finished", unless the next world is already assigned: then the
+        # script most likely stopped with peers that got their SIGTERM first.
+        if self._stop_reason(a) is not None:
+            log.info("the script exited 0 while a new world was assigned: taken as stopped")
+            return "stopped"
+        return "done"
+
+
+def _signal_all(procs: Sequence[subprocess.Popen[bytes]], sig: signal.Signals) -> None:
+    """Send ``sig`` to each running process's group (the script and anything it started)."""
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
 
 
 def _kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:

@@ -26,42 +26,79 @@ partial sum of ranks < r), so the sum is the same float computation at every wor
 
 The step loop agrees on every decision (stop, checkpoint) with one small all-reduce per step, so
 all ranks stop at the same step even though each pod sees the new assignment at its own time.
+The checkpoint is taken when the loop body returns to ``batches()``, after whatever the script
+does following ``sess.step`` (a ``scheduler.step()``), so that is part of the step.
+
+Beyond model, optimizer and data position, a checkpoint holds every object registered with
+``sess.register(name, obj)`` (LR scheduler, ``torch.amp.GradScaler``, your own), the plain
+values in ``sess.user_state``, and each rank's RNG state (a rank the saving world lacked
+reseeds from seed, rank and step). ``sess.before_update`` runs between the gradient reduction
+and ``optimizer.step()`` (``sess.clip_grad_norm`` clips there under any plan);
+``sess.sampler()``/``sess.loader()`` feed a ``torch.utils.data`` pipeline the same samples as
+``batches()``::
+
+    sess.register("sched", sched)
+    sess.before_update = lambda params: sess.clip_grad_norm(1.0)
+    sess.restore(model, opt)
+    for batch, micro_batches in zip(sess.batches(dataset_size=len(ds)), sess.loader(ds)):
+        for micro, (x, y) in zip(batch, micro_batches):
+            ...
+        sess.step(opt)
+        sched.step()
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
+import math
 import os
+import random
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import Dataset
 
 from .assignment import Assignment, assignment_from_env, parse_assignment
 from .checkpoint import Checkpointer
 from .control import CONTROL_DIR_ENV, ControlDir, TrainerStatus
 from .dataorder import DataOrder, Share, rank_shares
+from .exitcodes import CONFIG, RETRYABLE
 from .faults import Faults
-from .layout import CheckpointRoot, Manifest
+from .layout import (
+    CheckpointError,
+    CheckpointRoot,
+    CheckpointStore,
+    Manifest,
+    UnusableRootError,
+)
 from .lifeline import arm_from_env
+from .mesh import Mesh, build_mesh, needs_mesh
+from .objectstore import ObjectCheckpointRoot
+from .sampling import RankSlice, StepLoader, StepSampler
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +106,51 @@ ASSIGNMENT_JSON_ENV = "ELASTRA_ASSIGNMENT_JSON"
 STEP_LOG_ENV = "ELASTRA_STEP_LOG"
 
 
+Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer]
+Models = nn.Module | Sequence[nn.Module]
+BeforeUpdate = Callable[[list[nn.Parameter]], None]
+
+# Checkpoint keys besides "model", "optim" and "data". Each value is one pickled blob (DCP keeps a
+# non-tensor value as bytes), so any state_dict structure round-trips; RNG state is per rank.
+_OBJECT_KEY = "objects/"
+_USER_STATE_KEY = "user_state"
+_RNG_KEY = "rng/rank{}"
+
+
+class Stateful(Protocol):
+    """What ``Session.register`` takes: an LR scheduler, a GradScaler, any object of yours."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any], /) -> Any: ...
+
+
+# Optimizer state keyed by parameter name ("state.<fqn>.exp_avg"), so it reshards between any
+# two plans and the state of several pipeline stage modules merges without clashes.
+_FLAT_OPTIM = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def _is_fsdp(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule | FullyShardedDataParallel)
+
+
+def _as_list(obj: Any) -> list[Any]:
+    return list(obj) if isinstance(obj, Sequence) else [obj]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds (a DTensor's local shard)."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What the whole world agreed on at the end of a step (one all-reduce)."""
+
+    loss: float
+    stop: bool
+    done: bool
+    checkpoint: bool
 
 
 def _averaging_wrapper(model: nn.Module) -> bool:
@@ -150,12 +230,12 @@ class Session:
         self.consistency = assignment.consistency
         self.seed = assignment.seed
         self.plan = assignment.plan
-        model_parallel = self.plan.tp * self.plan.pp
-        self.dp_rank = self.rank // model_parallel
-        if model_parallel != 1:
+        self.coord = self.plan.coord(self.rank)
+        self.dp_rank = self.coord.dp_rank
+        if self.consistency == "bitwise" and needs_mesh(self.plan):
             raise ValueError(
-                f"elastra_worker implements data parallelism only (plan tp={self.plan.tp}, "
-                f"pp={self.plan.pp}); run tensor/pipeline parallel plans with your own framework"
+                f"consistency bitwise is data parallel only (plan {self.plan.label}, sharding "
+                f"{self.plan.sharding}): use consistency data for tensor, pipeline or sharded plans"
             )
         if device is None:
             use_cuda = torch.cuda.is_available() and os.environ.get("ELASTRA_DEVICE") != "cpu"
@@ -169,8 +249,9 @@ class Session:
         self._coll_timeout = collective_timeout_s
         self._group: dist.ProcessGroup | None = None
         self._async_group: dist.ProcessGroup | None = None
-        self._model: nn.Module | None = None
-        self._optimizer: torch.optim.Optimizer | None = None
+        self._parts: list[nn.Module] = []
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._mesh: Mesh | None = None
         self._checkpointer: Checkpointer | None = None
         self._start_step = 0
         self._step = 0  # optimizer steps completed
@@ -186,6 +267,25 @@ class Session:
         self._restored_manifest: Manifest | None = None
         self._order: DataOrder | None = None
         self._prev_sigterm: Any = None
+        self._objects: dict[str, Stateful] = {}
+        self._scaler: torch.amp.GradScaler | None = None
+        self._restore_called = False
+        self._in_update = False
+        self._decided: Decisions | None = None
+        self._step_seconds = 0.0
+        self.user_state: dict[str, Any] = {}
+        """Plain values of yours (counters, flags): checkpointed and restored with the model."""
+        self.tokens_per_sample: int | None = None
+        """Set it (or pass ``batches(tokens_per_sample=...)``) to report tokens per second."""
+        self.before_update: BeforeUpdate | None = None
+        """Called with the parameters between the gradient reduction and ``optimizer.step()``.
+
+        The gradients are complete there (reduced over the replicas, unscaled by a registered
+        GradScaler), so it is the place for clipping and gradient logging::
+
+            sess.before_update = lambda params: torch.nn.utils.clip_grad_norm_(params, 1.0)
+            sess.before_update = lambda params: sess.clip_grad_norm(1.0)  # any plan, pp too
+        """
 
     # ---- construction ---------------------------------------------------------------------
 
@@ -260,9 +360,22 @@ class Session:
         )
         # Coordination (votes, checkpoint metadata) always runs on gloo, also next to nccl.
         self._group = self._gloo_group() if backend != "gloo" else None
+        self._mesh = build_mesh(self.plan, self.rank, self.device)
         if self.async_checkpoint:
             self._async_group = self._gloo_group()
-        root = CheckpointRoot(a.checkpoint.path, job=a.job)
+        root: CheckpointStore = (
+            ObjectCheckpointRoot(a.checkpoint.uri, job=a.job)
+            if a.checkpoint.uri
+            else CheckpointRoot(a.checkpoint.path, job=a.job)
+        )
+        try:
+            root.probe()  # an unusable root fails the job now (permanent), not at the first save
+        except UnusableRootError as err:
+            log.error("%s", err)
+            raise SystemExit(CONFIG) from None
+        except CheckpointError as err:  # storage out of reach for now: a new world retries
+            log.error("%s", err)
+            raise SystemExit(RETRYABLE) from None
         self._checkpointer = Checkpointer(
             root,
             group=self._group,
@@ -272,11 +385,12 @@ class Session:
             after_write=self.faults.in_save,
         )
         log.info(
-            "rank %d/%d joined world version %d (%s, consistency %s)",
+            "rank %d/%d joined world version %d (%s, plan %s, consistency %s)",
             self.rank,
             self.world_size,
             a.world_version,
             backend,
+            self.plan.label,
             self.consistency,
         )
 
@@ -313,69 +427,232 @@ class Session:
 
     # ---- model, optimizer, restore ----------------------------------------------------------
 
+    @property
+    def mesh(self) -> Mesh:
+        """This rank's device mesh and coordinates (after ``start``)."""
+        if self._mesh is None:
+            raise RuntimeError("session not started: use `with Session.from_env() as sess:`")
+        return self._mesh
+
     def prepare(self, model: nn.Module) -> nn.Module:
-        """Wrap ``model`` for this consistency mode.
+        """Wrap ``model`` for this consistency mode and plan.
 
         ``none``/``data``: a bare module is wrapped in DDP; DDP or FSDP modules are kept.
         ``bitwise``: the module stays bare (every rank holds a full replica); the session
         reduces gradients itself in share order. FSDP cannot be bitwise (its reduce-scatter
-        order depends on the world size).
+        order depends on the world size). A plan with tensor or pipeline parallelism needs to
+        know how to split the model: build it with ``elastra_worker.parallel_model`` (the
+        reference model, or your own through a ``ModelRecipe``), which calls ``adopt``.
         """
+        if self.plan.tp > 1 or self.plan.pp > 1:
+            raise ValueError(
+                f"plan {self.plan.label}: prepare() takes a whole module; tensor and pipeline "
+                "parallel plans need a ModelRecipe (elastra_worker.parallel_model.build_parallel)"
+            )
         if self.consistency == "bitwise":
             if _averaging_wrapper(model):
                 raise ValueError("consistency bitwise needs a bare module, not DDP/FSDP")
-            self._model = model
-            return model
-        if not _averaging_wrapper(model):
+        elif self.plan.sharding != "none" and not _is_fsdp(model):
+            from .parallel.fsdp import apply_fsdp  # noqa: PLC0415 - only sharded plans need it
+
+            apply_fsdp(model, self.mesh.sub("dp"), self.plan.sharding)
+        elif not _averaging_wrapper(model):
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = DistributedDataParallel(model, device_ids=ids)
-        self._model = model
+        self._parts = [model]
         return model
 
-    def _state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        msd, osd = get_state_dict(model, optimizer)
-        return {"model": msd, "optim": osd}
+    def adopt(self, parts: Sequence[nn.Module]) -> None:
+        """Register modules already parallelized for this plan (one per pipeline stage held)."""
+        self._parts = list(parts)
 
-    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    # ---- registered state -------------------------------------------------------------------
+
+    def register(self, name: str, obj: Stateful) -> None:
+        """Checkpoint ``obj`` (``state_dict``/``load_state_dict``) with the model under ``name``.
+
+        For an LR scheduler, a ``torch.amp.GradScaler`` or an object of yours. Register before
+        ``restore()``, which loads it into every rank; rank 0's object is the one saved, so
+        register state that is the same on every rank (``user_state`` likewise). A registered
+        GradScaler is also used by the session: the loss is scaled for backward, gradients are
+        unscaled before ``before_update``, and the step goes through ``scaler.step`` and
+        ``scaler.update``.
+        """
+        if self._restore_called:
+            raise RuntimeError(
+                f"register({name!r}) after restore(): register every stateful object before "
+                "session.restore(), which loads them"
+            )
+        if not name or "/" in name or "." in name:
+            raise ValueError(f"register: name {name!r} must be non-empty without '/' or '.'")
+        if name in self._objects:
+            raise ValueError(f"register: {name!r} is already registered")
+        if not callable(getattr(obj, "state_dict", None)) or not callable(
+            getattr(obj, "load_state_dict", None)
+        ):
+            raise TypeError(f"register({name!r}): {type(obj).__name__} has no state_dict()")
+        if isinstance(obj, torch.amp.GradScaler):
+            if self._scaler is not None:
+                raise ValueError("register: one GradScaler per session")
+            self._scaler = obj
+        self._objects[name] = obj
+
+    def on_before_update(self, fn: BeforeUpdate) -> BeforeUpdate:
+        """Set the ``before_update`` hook (usable as a decorator); see that attribute."""
+        self.before_update = fn
+        return fn
+
+    def clip_grad_norm(self, max_norm: float, norm_type: float = 2.0) -> float:
+        """Clip the gradients to a total norm of ``max_norm``; return the norm before clipping.
+
+        Call it from ``before_update``, where the gradients are complete. The norm is over the
+        whole model whatever the plan: DTensor (FSDP, tensor parallel) gradients are reduced
+        over their mesh, and with a pipeline the stages' norms are combined over the ``pp``
+        group, so every rank scales by the same factor (which
+        ``torch.nn.utils.clip_grad_norm_`` on one stage's parameters would not do).
+        """
+        if not self._in_update:
+            raise RuntimeError("clip_grad_norm() runs inside the before_update hook")
+        grads = [p.grad for p in self._params() if p.grad is not None]
+        total = _grad_norm(grads, norm_type)
+        if self.plan.pp > 1:
+            inf = math.isinf(norm_type)
+            t = torch.tensor([total if inf else total**norm_type], device=self.device)
+            op = dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM
+            dist.all_reduce(t, op=op, group=self.mesh.sub("pp").get_group())
+            total = float(t.item()) if inf else float(t.item()) ** (1.0 / norm_type)
+        coef = max_norm / (total + 1e-6)
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
+        return total
+
+    def _extra_state(self, saved: set[str] | None) -> dict[str, Any]:
+        """Registered objects, user state and this rank's RNG, each one pickled blob.
+
+        ``saved`` (on load): the checkpoint's keys, so a rank asks DCP only for what exists
+        (a rank the saving world did not have has no RNG key; old checkpoints have none).
+        """
+        keys = [_OBJECT_KEY + name for name in self._objects]
+        keys += [_USER_STATE_KEY, _RNG_KEY.format(self.rank)]
+        if saved is not None:
+            return {k: b"" for k in keys if k in saved}
+        state = {_RNG_KEY.format(self.rank): _pack(_rng_state())}
+        if self.rank == 0:  # replicated state: one copy, rank 0's
+            state.update({_OBJECT_KEY + n: _pack(o.state_dict()) for n, o in self._objects.items()})
+            state[_USER_STATE_KEY] = _pack(dict(self.user_state))
+        return state
+
+    def _apply_extra_state(self, state: dict[str, Any], manifest: Manifest) -> None:
+        """Load what ``_extra_state`` asked for; reseed the RNG of a rank that was not saved."""
+        for name, obj in self._objects.items():
+            blob = state.get(_OBJECT_KEY + name)
+            if blob is None:
+                log.warning(
+                    "checkpoint step %d has no state for %r: kept as is", manifest.step, name
+                )
+            else:
+                obj.load_state_dict(_unpack(blob))
+        if _USER_STATE_KEY in state:
+            self.user_state.clear()
+            self.user_state.update(_unpack(state[_USER_STATE_KEY]))
+        rng = state.get(_RNG_KEY.format(self.rank))
+        if rng is not None:
+            _set_rng_state(_unpack(rng))
+            return
+        seed = _derived_seed(self.seed, self.rank, manifest.step)
+        _reseed(seed)
+        log.info(
+            "rank %d: checkpoint step %d (saved by %d ranks) has no RNG state for this rank; "
+            "reseeded from (seed %d, rank %d, step %d)",
+            self.rank,
+            manifest.step,
+            manifest.world_size,
+            self.seed,
+            self.rank,
+            manifest.step,
+        )
+
+    def _state(self) -> tuple[dict[str, Any], list[tuple[set[str], set[str]]]]:
+        """The DCP state of every part, merged under parameter names, and each part's keys."""
+        model: dict[str, Any] = {}
+        optim: dict[str, Any] = {}
+        keys: list[tuple[set[str], set[str]]] = []
+        for part, opt in zip(self._parts, self._optimizers, strict=True):
+            msd = get_model_state_dict(part)
+            osd = get_optimizer_state_dict(part, opt, options=_FLAT_OPTIM)
+            model.update(msd)
+            optim.update(osd)
+            keys.append((set(msd), set(osd)))
+        return {"model": model, "optim": optim}, keys
+
+    def _bind(self, models: Models, optimizers: Optimizers) -> None:
+        parts, opts = _as_list(models), _as_list(optimizers)
+        if len(parts) != len(opts):
+            raise ValueError(f"{len(parts)} model parts but {len(opts)} optimizers: one per part")
+        self._parts, self._optimizers = parts, opts
+
+    def restore(self, model: Models, optimizer: Optimizers) -> int:
         """Load the newest good checkpoint into ``model``/``optimizer``; return the next step.
 
-        Collective. Returns 0 (and leaves both untouched) when the job has no checkpoint yet.
+        Collective. ``model`` and ``optimizer`` may be lists (one optimizer per pipeline stage
+        module). Returns 0 (and leaves both untouched) when the job has no checkpoint yet.
+        Any plan loads any other plan's checkpoint: state is saved under parameter names and
+        DCP reshards it to this rank's shards.
         """
-        self._model = model
-        self._optimizer = optimizer
+        self._bind(model, optimizer)
+        self._restore_called = True
         ckpt = self._require_checkpointer()
         manifest = ckpt.find_loadable()
-        if manifest is None:
-            self._start_step = 0
-        else:
-            state = self._state(model, optimizer)
-            ckpt.load(state, manifest)
-            set_state_dict(
-                model,
-                optimizer,
-                model_state_dict=state["model"],
-                optim_state_dict=state["optim"],
-            )
-            self._start_step = manifest.step
-            self._restored_manifest = manifest
-            log.info(
-                "rank %d restored step %d (saved by %d ranks) into a world of %d",
-                self.rank,
-                manifest.step,
-                manifest.world_size,
-                self.world_size,
-            )
+        self._start_step = 0 if manifest is None else manifest.step
+        if manifest is not None:
+            self._load(manifest)
         ckpt.last_committed_step = None if manifest is None else manifest.step
         self._step = self._start_step
         if self.rank == 0 and self.step_log is not None:
             _truncate_step_log(self.step_log, self._start_step)
         return self._start_step
 
+    def _load(self, manifest: Manifest) -> None:
+        state, keys = self._state()
+        ckpt = self._require_checkpointer()
+        saved = ckpt.reader(manifest.step).read_metadata().state_dict_metadata
+        extra = self._extra_state(set(saved))
+        state.update(extra)
+        ckpt.load(state, manifest)
+        self._apply_extra_state({k: state[k] for k in extra}, manifest)
+        for (mkeys, okeys), part, opt in zip(keys, self._parts, self._optimizers, strict=True):
+            set_model_state_dict(part, {k: state["model"][k] for k in mkeys})
+            osd = {k: state["optim"][k] for k in okeys}
+            set_optimizer_state_dict(part, opt, osd, options=_FLAT_OPTIM)
+        self._restored_manifest = manifest
+        saved_plan = manifest.extra.get("plan", "?")
+        log.info(
+            "rank %d restored step %d (saved by %d ranks, plan %s) into a world of %d (plan %s)",
+            self.rank,
+            manifest.step,
+            manifest.world_size,
+            saved_plan,
+            self.world_size,
+            self.plan.label,
+        )
+
     # ---- the step loop ----------------------------------------------------------------------
 
-    def batches(self, *, dataset_size: int, total_steps: int | None = None) -> Iterator[StepBatch]:
-        """Global steps from the restored one until done or until the world agrees to stop."""
+    def batches(
+        self,
+        *,
+        dataset_size: int,
+        total_steps: int | None = None,
+        tokens_per_sample: int | None = None,
+    ) -> Iterator[StepBatch]:
+        """Global steps from the restored one until done or until the world agrees to stop.
+
+        ``tokens_per_sample`` (sequence length) adds tokens per second to the metrics.
+        """
         a = self.assignment
+        if tokens_per_sample is not None:
+            self.tokens_per_sample = tokens_per_sample
         self._order = DataOrder(a.seed, dataset_size, a.global_batch_size)
         if self._restored_manifest is not None and a.consistency != "none":
             saved = self._restored_manifest.extra.get("dataOrder")
@@ -406,34 +683,121 @@ class Session:
             yield self._current
             if self._current is not None:
                 raise RuntimeError("call session.step(optimizer) once per batch")
+            self._finish_step()
 
-    def _model_or_fail(self) -> nn.Module:
-        if self._model is None:
-            raise RuntimeError("call session.prepare(model) or session.restore() first")
-        return self._model
+    def _finish_step(self) -> None:
+        """Checkpoint (if agreed) and report, after the whole loop body of the step.
+
+        Not inside ``step()``: what the script does after it (``scheduler.step()``, counters
+        in ``user_state``, random draws) belongs to the step and must be in its checkpoint.
+        """
+        decisions, self._decided = self._decided, None
+        if decisions is None:
+            return
+        if decisions.checkpoint:
+            self.save_checkpoint(wait=decisions.stop)
+        self._report_progress(decisions.loss)
+
+    def sampler(
+        self,
+        *,
+        dataset_size: int,
+        total_steps: int | None = None,
+        start_step: int | None = None,
+    ) -> StepSampler:
+        """A ``Sampler[int]``: this data-parallel rank's samples of every step, in order.
+
+        Starts at the restored step (call ``restore()`` first) or ``start_step``, and yields
+        exactly the samples ``batches()`` gives this rank, step after step, so a
+        ``DataLoader(ds, batch_size=micro_batch_size, sampler=sess.sampler(...))`` reads the
+        job's order at any world size. ``loader()`` does the cutting into micro-batches too.
+        """
+        return StepSampler(self._rank_slice(dataset_size, total_steps, start_step))
+
+    def loader(
+        self,
+        dataset: Dataset[Any],
+        *,
+        total_steps: int | None = None,
+        dataset_size: int | None = None,
+        start_step: int | None = None,
+        **dataloader_kwargs: Any,
+    ) -> StepLoader:
+        """A DataLoader over ``dataset`` that yields, per step, this rank's collated micro-batches.
+
+        Iterate it in lockstep with ``batches()`` (same ``total_steps``)::
+
+            loader = sess.loader(ds, total_steps=N, num_workers=2, pin_memory=True)
+            for batch, micro_batches in zip(sess.batches(dataset_size=len(ds), total_steps=N),
+                                            loader):
+                for micro, (x, y) in zip(batch, micro_batches):
+                    ...
+
+        Keyword arguments go to ``DataLoader`` (not ``batch_size``/``sampler``/``shuffle``: the
+        order is the job's). Worker processes obey SIGTERM and die with the trainer.
+        """
+        size = len(dataset) if dataset_size is None else dataset_size  # type: ignore[arg-type]
+        part = self._rank_slice(size, total_steps, start_step)
+        return StepLoader(dataset, part, **dataloader_kwargs)
+
+    def _rank_slice(self, size: int, total_steps: int | None, start: int | None) -> RankSlice:
+        if start is None and not self._restore_called:
+            raise RuntimeError("call session.restore() first: the data starts at its step")
+        a = self.assignment
+        return RankSlice(
+            order=DataOrder(a.seed, size, a.global_batch_size),
+            batch_shares=tuple(self.plan.batch_shares),
+            dp_rank=self.dp_rank,
+            micro_batch_size=self.plan.micro_batch_size,
+            start_step=self._step if start is None else start,
+            total_steps=total_steps,
+        )
 
     def _params(self) -> list[nn.Parameter]:
-        return [p for p in self._model_or_fail().parameters() if p.requires_grad]
+        if not self._parts:
+            raise RuntimeError("call session.prepare(model) or session.restore() first")
+        return [p for part in self._parts for p in part.parameters() if p.requires_grad]
+
+    def loss_weight(self, samples: int) -> float:
+        """The factor for a loss that is the mean over ``samples`` sequences of this step.
+
+        Scaled so that, after the gradient reduction the model's wrapper does (DDP averages
+        over the world, FSDP over the data-parallel replicas, a bare module is summed by the
+        session), every replica's gradient counts by its share of the global batch: uneven
+        shares (heterogeneous GPUs) give the gradient of one big batch.
+        """
+        weight = samples / self.assignment.global_batch_size
+        part = self._parts[0] if self._parts else None
+        if part is not None and _is_fsdp(part):
+            weight *= self.plan.dp
+        elif isinstance(part, DistributedDataParallel):
+            weight *= self.world_size
+        return weight
+
+    def add_loss(self, loss: torch.Tensor, samples: int) -> None:
+        """Count a micro-batch's mean loss in the step's reported loss (once per replica)."""
+        if self.mesh.computes_loss:
+            g = self.assignment.global_batch_size
+            self._loss_sum += loss.detach().to(torch.float64).cpu() * (samples / g)
 
     def _backward(self, micro: Micro, loss: torch.Tensor) -> None:
-        g = self.assignment.global_batch_size
-        weight = len(micro) / g
-        if self._model is not None and _averaging_wrapper(self._model):
-            weight *= self.world_size  # DDP/FSDP divide by the world size
-        torch.autograd.backward(loss * weight)
-        self._loss_sum += loss.detach().to(torch.float64).cpu() * (len(micro) / g)
+        weighted = loss * self.loss_weight(len(micro))
+        torch.autograd.backward(weighted if self._scaler is None else self._scaler.scale(weighted))
+        self.add_loss(loss, len(micro))
         if self.consistency == "bitwise":
-            params = self._params()
-            flat = torch.cat(
-                [
-                    (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                    for p in params
-                ]
-                + [loss.detach().reshape(1).to(params[0].dtype) * (len(micro) / g)]
-            )
-            self._share_grads.append(flat)
-            for p in params:
-                p.grad = None
+            self._keep_share_grad(loss, len(micro))
+
+    def _keep_share_grad(self, loss: torch.Tensor, samples: int) -> None:
+        """Bitwise: set this logical share's gradient (and loss) aside for the chain sum."""
+        g = self.assignment.global_batch_size
+        params = self._params()
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+            + [loss.detach().reshape(1).to(params[0].dtype) * (samples / g)]
+        )
+        self._share_grads.append(flat)
+        for p in params:
+            p.grad = None
 
     def _chain_reduce(self) -> float:
         """Sum the logical shares' gradients in share order through the ranks (bitwise)."""
@@ -459,32 +823,107 @@ class Session:
             offset += n
         return float(acc[-1].item())
 
-    def step(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    def _sum_gradients(self) -> None:
+        """A bare (or tensor-parallel) module: sum the weighted gradients over the replicas."""
+        params = [p for p in self._params() if p.grad is not None]
+        for p in params:  # a replicated DTensor's gradient may come back partial: settle it
+            grad = p.grad
+            if (
+                isinstance(grad, DTensor)
+                and isinstance(p, DTensor)
+                and grad.placements != p.placements
+            ):
+                p.grad = grad.redistribute(placements=p.placements)
+        grads = [_local(p.grad) for p in params if p.grad is not None]
+        if not grads or self.plan.dp == 1:
+            return
+        group = self.mesh.dp_group
+        for bucket in _buckets(grads):
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            dist.all_reduce(flat, group=group)
+            offset = 0
+            for g in bucket:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+    def _reduce_gradients(self) -> float | None:
+        """Finish the step's gradient; returns the loss when the reduction already knows it."""
+        if self.consistency == "bitwise":
+            return self._chain_reduce()
+        part = self._parts[0] if self._parts else None
+        if part is not None and not _averaging_wrapper(part):
+            self._sum_gradients()
+        return None
+
+    def step(self, optimizer: Optimizers) -> dict[str, Any]:
         """Finish the current global step: reduce, update, log, maybe checkpoint or stop.
 
-        Returns the step record (``step``, ``loss``, ``worldSize`` ...). After the step on which
-        the world agreed to stop, the checkpoint is committed and ``batches()`` ends.
+        ``optimizer`` may be a list (one per pipeline stage module). Returns the step record
+        (``step``, ``loss``, ``worldSize``, ``plan`` ...). A checkpoint the world agreed on is
+        taken when the loop body returns to ``batches()`` (so a ``scheduler.step()`` or a
+        ``user_state`` update after this call is in it); after the step on which the world
+        agreed to stop, that checkpoint is committed and ``batches()`` ends.
         """
         batch = self._current
         if batch is None:
             raise RuntimeError("session.step() outside a batch from session.batches()")
-        self._optimizer = optimizer
+        self._optimizers = _as_list(optimizer)
         self.faults.at_step(batch.step)
-        if self.consistency == "bitwise":
-            loss = self._chain_reduce()
-        elif self._model is not None and not _averaging_wrapper(self._model):
-            for p in self._params():
-                if p.grad is not None:
-                    dist.all_reduce(p.grad)
-            loss = None
-        else:
-            loss = None
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        known_loss = self._reduce_gradients()
+        self._update()
         self._step = batch.step + 1
         self._current = None
+        decisions = self._agree(known_loss)
+        record = self._record(batch, decisions.loss)
+        self._decided = decisions  # acted on by batches() once the loop body is through
+        if decisions.stop:
+            self._stop_agreed = True
+            self._done = decisions.done
+        return record
 
-        # One all-reduce carries the loss and every decision, so all ranks agree.
+    def _update(self) -> None:
+        """Unscale (GradScaler), run ``before_update``, step the optimizers, clear gradients."""
+        scaler = self._scaler
+        self._in_update = True
+        try:
+            if scaler is not None:
+                if scaler.is_enabled() and scaler._scale is None:
+                    raise RuntimeError(
+                        "a registered GradScaler scales the loss in micro.backward(); this "
+                        "step's backward did not go through it (parallel_model's train_step "
+                        "does not support a GradScaler yet)"
+                    )
+                for opt in self._optimizers:
+                    scaler.unscale_(opt)
+                    self._agree_found_inf(scaler, opt)
+            if self.before_update is not None:
+                self.before_update(self._params())
+        finally:
+            self._in_update = False
+        for opt in self._optimizers:
+            if scaler is not None:
+                scaler.step(opt)  # skipped when the unscaled gradients hold an inf or nan
+            else:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.update()
+
+    def _agree_found_inf(self, scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer) -> None:
+        """Sharded, tensor or pipeline plans: skip the step everywhere if any shard overflowed.
+
+        Each rank sees only its shards' gradients, so one rank may find an inf that another
+        does not; without agreement some ranks would step and others skip (what FSDP's
+        ShardedGradScaler does for FSDP1, done here for every plan with a mesh).
+        """
+        if not scaler.is_enabled() or not needs_mesh(self.plan):
+            return
+        found = scaler._per_optimizer_states[id(opt)]["found_inf_per_device"]
+        for flag in found.values():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+
+    def _agree(self, known_loss: float | None) -> Decisions:
+        """One all-reduce carries the loss and every vote, so all ranks decide alike."""
         local_stop = self._sigterm or (self.control is not None and self.control.stop_requested())
         interval = self.assignment.checkpoint.interval_seconds
         due = (
@@ -495,49 +934,70 @@ class Session:
             dtype=torch.float64,
         )
         dist.all_reduce(votes, group=self._group)
-        if loss is None:
-            loss = float(votes[0])
         stop_at = self.assignment.stop_at_step
         done = self._total is not None and self._step >= self._total
         stop = bool(votes[1] > 0) or done or (stop_at is not None and self._step >= stop_at)
         every = self.assignment.checkpoint.interval_steps
-        checkpoint = stop or bool(votes[2] > 0) or (every > 0 and self._step % every == 0)
+        return Decisions(
+            loss=float(votes[0]) if known_loss is None else known_loss,
+            stop=stop,
+            done=done,
+            checkpoint=stop or bool(votes[2] > 0) or (every > 0 and self._step % every == 0),
+        )
 
+    def _record(self, batch: StepBatch, loss: float) -> dict[str, Any]:
+        """The step's record; rank 0 appends it to the step log (with a parameter hash)."""
         now = time.monotonic()
-        self._samples_per_s = len(batch.samples) / max(now - self._step_time, 1e-9)
+        self._step_seconds = now - self._step_time
+        self._samples_per_s = len(batch.samples) / max(self._step_seconds, 1e-9)
         self._step_time = now
         record = {
             "step": batch.step,
             "worldSize": self.world_size,
             "worldVersion": self.assignment.world_version,
+            "plan": self.plan.label,
             "loss": loss,
             "samples": sorted(batch.samples),
         }
-        if self.step_log is not None and (self.rank == 0 or _is_fsdp(self._model_or_fail())):
-            digest = self.params_sha256()
-            if self.rank == 0:
+        if self.step_log is None:
+            return record
+        digest = self.params_sha256() if self._hash_is_collective() or self.rank == 0 else None
+        if self.rank == 0:
+            if digest is not None:
                 record["paramsSha256"] = digest
-                with open(self.step_log, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(record, sort_keys=True) + "\n")
-        if checkpoint:
-            self.save_checkpoint(wait=stop)
-        if self.control is not None:
-            ckpt = self._require_checkpointer().last_committed_step
-            self.control.write_progress(
-                self.local_rank,
-                {
-                    "step": self._step,
-                    "loss": loss,
-                    "samplesPerSecond": self._samples_per_s,
-                    "lastCheckpointStep": ckpt,
-                    "worldVersion": self.assignment.world_version,
-                    "worldSize": self.world_size,
-                },
-            )
-        if stop:
-            self._stop_agreed = True
-            self._done = done
+            with open(self.step_log, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, sort_keys=True) + "\n")
         return record
+
+    def _hash_is_collective(self) -> bool:
+        """Sharded parameters (FSDP, DTensor) are gathered for the hash: every rank joins."""
+        return self.plan.pp == 1 and any(
+            _is_fsdp(part) or any(isinstance(p, DTensor) for p in part.parameters())
+            for part in self._parts
+        )
+
+    def _report_progress(self, loss: float) -> None:
+        if self.control is None:
+            return
+        ckpt = self._require_checkpointer().last_committed_step
+        self.control.write_progress(
+            self.local_rank,
+            {
+                "step": self._step,
+                "loss": loss,
+                "samplesPerSecond": self._samples_per_s,
+                "stepSeconds": self._step_seconds,
+                "tokensPerSecond": (
+                    None
+                    if self.tokens_per_sample is None
+                    else self._samples_per_s * self.tokens_per_sample
+                ),
+                "lastCheckpointStep": ckpt,
+                "worldVersion": self.assignment.world_version,
+                "worldSize": self.world_size,
+                "plan": self.plan.label,
+            },
+        )
 
     @property
     def step_count(self) -> int:
@@ -555,9 +1015,10 @@ class Session:
         ckpt.wait()
         if ckpt.last_committed_step == self._step:
             return
-        if self._model is None or self._optimizer is None:
+        if not self._parts or not self._optimizers:
             raise RuntimeError("call session.restore(model, optimizer) before checkpointing")
-        state = self._state(self._model, self._optimizer)
+        state, _ = self._state()
+        state.update(self._extra_state(None))
         assert self._order is not None
         extra = {
             "dataOrder": {
@@ -566,6 +1027,7 @@ class Session:
                 "globalBatchSize": self._order.global_batch_size,
             },
             "consistency": self.consistency,
+            "plan": self.plan.label,
         }
         state["data"] = {"step": self._step}
         if not wait and self.async_checkpoint and self._async_group is not None:
@@ -581,16 +1043,17 @@ class Session:
             )
         self._last_ckpt_time = time.monotonic()
 
-    def params_sha256(self) -> str:
+    def params_sha256(self) -> str | None:
         """sha256 over the model state dict (parameters and persistent buffers) in key order.
 
-        Collective for FSDP (the full state is gathered); rank 0's value is the one to use.
+        Collective for sharded parameters (the full state is gathered); rank 0's value is the
+        one to use. ``None`` with a pipeline: no rank holds every parameter.
         """
-        assert self._model is not None
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_model_state_dict(
-            self._model, options=options if _is_fsdp(self._model) else None
-        )
+        if self.plan.pp > 1:
+            return None
+        part = self._parts[0]
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(part, options=full if self._hash_is_collective() else None)
         h = hashlib.sha256()
         for key in sorted(state):
             t = state[key]
@@ -607,6 +1070,20 @@ class Session:
         return self._checkpointer
 
 
+def _buckets(tensors: list[torch.Tensor], limit: int = 25_000_000) -> Iterator[list[torch.Tensor]]:
+    """Group gradients of one dtype and device into all-reduce buckets of about ``limit`` items."""
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for t in tensors:
+        if bucket and (size + t.numel() > limit or t.dtype != bucket[0].dtype):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(t)
+        size += t.numel()
+    if bucket:
+        yield bucket
+
+
 def _truncate_step_log(path: Path, start_step: int) -> None:
     """Drop records of steps >= ``start_step``: they are being redone after a restore."""
     try:
@@ -619,3 +1096,69 @@ def _truncate_step_log(path: Path, start_step: int) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
     os.replace(tmp, path)
+
+
+def _pack(obj: Any) -> bytes:
+    """One checkpoint blob (``torch.save``: tensors inside a state dict are fine)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _unpack(blob: Any) -> Any:
+    """Inverse of ``_pack``; the checkpoint is our own, verified against its manifest."""
+    return torch.load(io.BytesIO(blob), weights_only=False)
+
+
+def _rng_state() -> dict[str, Any]:
+    """Every RNG a training script commonly draws from: torch CPU and CUDA, random, numpy."""
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def _derived_seed(seed: int, rank: int, step: int) -> int:
+    """A seed for a rank the checkpoint has no RNG state for: a function of (seed, rank, step)."""
+    digest = hashlib.sha256(f"elastra-rng/{seed}/{rank}/{step}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def _reseed(seed: int) -> None:
+    torch.manual_seed(seed)  # also every CUDA device
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def _grad_norm(grads: list[torch.Tensor], norm_type: float) -> float:
+    """The norm of this rank's gradients; DTensor gradients count over their whole mesh.
+
+    ``get_total_norm`` takes a list of DTensors that share a mesh and placements, so the
+    gradients are grouped that way and the groups' norms combined here.
+    """
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for g in grads:
+        key = (id(g.device_mesh), g.placements) if isinstance(g, DTensor) else None
+        groups.setdefault(key, []).append(g)
+    norms: list[float] = []
+    for group in groups.values():
+        n = torch.nn.utils.get_total_norm(group, norm_type)
+        norms.append(float(n.full_tensor() if isinstance(n, DTensor) else n))
+    if not norms:
+        return 0.0
+    if math.isinf(norm_type):
+        return max(norms)
+    return float(sum(n**norm_type for n in norms) ** (1.0 / norm_type))

@@ -13,7 +13,8 @@ Format (``elastra.dev/v1alpha1``, kind ``Assignment``)::
      "masterAddr": "gpt-w-0.gpt", "masterPort": 29500, "localWorldSize": 1,
      "plan": {"dp": 4, "tp": 1, "pp": 1, "microBatchSize": 2, "batchShares": [8, 8, 8, 8]},
      "globalBatchSize": 32, "consistency": "none", "seed": 0,
-     "checkpoint": {"path": "/ckpt", "intervalSeconds": 300, "keep": 3, "intervalSteps": 0},
+     "checkpoint": {"path": "/ckpt", "intervalSeconds": 300, "keep": 3, "intervalSteps": 0,
+                    "uri": "s3://bucket/prefix"},
      "stopAtStep": null, "stop": false}
 
 ``rank`` and ``worldSize`` count trainer processes (pods x ``localWorldSize``); ``rank`` is the
@@ -22,6 +23,8 @@ no world and waits. ``stop: true`` asks the pod to checkpoint and exit 0 (suspen
 ``checkpoint.intervalSteps`` (0 = off) and ``stopAtStep`` (null = none) are optional additions
 to the first draft of the contract: a step-based checkpoint interval, and a step at which the
 world stops on its own (checkpoint, exit 0) so a planned resize lands on an exact step.
+``checkpoint.uri`` (optional, absent when unset) puts the checkpoints in an object store
+instead of ``path``.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -40,6 +43,26 @@ ASSIGNMENT_FILE_ENV = "ELASTRA_ASSIGNMENT_FILE"
 
 Consistency = Literal["none", "data", "bitwise"]
 CONSISTENCIES: tuple[Consistency, ...] = ("none", "data", "bitwise")
+Sharding = Literal["none", "optimizer", "full"]
+SHARDINGS: tuple[Sharding, ...] = ("none", "optimizer", "full")
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTES: tuple[Recompute, ...] = ("none", "selective", "full")
+Schedule = Literal["gpipe", "1f1b", "interleaved1f1b"]
+SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved1f1b")
+
+
+MAX_RANKS = 65536
+"""Bound on ``worldSize`` and on every per-rank list (a larger one is a malformed assignment)."""
+MAX_NAME = 253
+"""Bound on ``job`` and ``masterAddr`` (a Kubernetes object name, a DNS name)."""
+MAX_PATH = 4096
+"""Bound on ``checkpoint.path`` (Linux's PATH_MAX)."""
+MAX_URI = 2048
+"""Bound on ``checkpoint.uri`` (the TrainingJob field's bound)."""
+URI_SCHEMES = ("s3",)
+"""Schemes ``checkpoint.uri`` may use: those the worker image has an fsspec client for."""
+MAX_FILE_BYTES = 1 << 20
+"""Bound on the assignment file (an annotation is at most 256 KiB)."""
 
 
 class AssignmentError(ValueError):
@@ -47,24 +70,88 @@ class AssignmentError(ValueError):
 
 
 @dataclass(frozen=True)
+class RankCoord:
+    """Where one global rank sits in the (dp, pp, tp) mesh."""
+
+    rank: int
+    dp_rank: int
+    tp_rank: int
+    pp_stage: int
+
+
+@dataclass(frozen=True)
+class StageLayers:
+    """The transformer layers ``[start, stop)`` of one (virtual) pipeline stage."""
+
+    stage: int
+    start: int
+    stop: int
+
+
+def default_coords(dp: int, tp: int, pp: int) -> tuple[RankCoord, ...]:
+    """The planner's rank order: tensor parallel innermost, then stages, data parallel outermost.
+
+    ``rank = (dpRank * pp + ppStage) * tp + tpRank``: a pod's consecutive ranks form its
+    tensor-parallel group, pipeline stages span pods, replicas span groups of pods.
+    """
+    return tuple(
+        RankCoord(rank=r, dp_rank=r // (tp * pp), tp_rank=r % tp, pp_stage=(r // tp) % pp)
+        for r in range(dp * tp * pp)
+    )
+
+
+def default_schedule(pp: int, virtual_stages: int) -> Schedule:
+    """1F1B for a pipeline, its interleaved form with virtual stages (GPipe only on request)."""
+    return "interleaved1f1b" if virtual_stages > 1 else "1f1b"
+
+
+@dataclass(frozen=True)
 class Plan:
-    """The parallel plan: degrees and how many sequences each data-parallel rank takes."""
+    """The parallel plan, whole: everything a worker needs to build the layout the planner placed.
+
+    ``batch_shares`` has one entry per data-parallel replica (sequences per step). ``ranks``
+    gives every global rank's (dpRank, tpRank, ppStage); ``stages`` the layer range of each of
+    the ``pp * virtual_stages`` (virtual) stages, stage ``s`` running on pipeline rank
+    ``s % pp`` (the interleaved order). Both are empty in an assignment from before they
+    existed, which then means the default rank order and an even split of the layers.
+    """
 
     dp: int
     tp: int = 1
     pp: int = 1
     micro_batch_size: int = 1
     batch_shares: tuple[int, ...] = ()
+    virtual_stages: int = 1
+    schedule: Schedule = "1f1b"
+    sharding: Sharding = "none"
+    recompute: Recompute = "none"
+    ranks: tuple[RankCoord, ...] = ()
+    stages: tuple[StageLayers, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """A short name such as ``dp2tp2pp1`` (step logs, metrics)."""
+        return f"dp{self.dp}tp{self.tp}pp{self.pp}"
+
+    def coord(self, rank: int) -> RankCoord:
+        """The mesh coordinates of global ``rank``."""
+        coords = self.ranks or default_coords(self.dp, self.tp, self.pp)
+        return coords[rank]
 
 
 @dataclass(frozen=True)
 class CheckpointSpec:
-    """Where and how often the job checkpoints; ``path`` is the job's own checkpoint root."""
+    """Where and how often the job checkpoints.
+
+    ``uri`` (``s3://bucket/prefix``), when set, is where the Session checkpoints (an object
+    store every pod reaches); else ``path``, a directory (a shared volume).
+    """
 
     path: str
     interval_seconds: int = 300
     keep: int = 3
     interval_steps: int = 0
+    uri: str = ""
 
 
 @dataclass(frozen=True)
@@ -101,9 +188,28 @@ class Assignment:
         return json.dumps(to_wire(self), sort_keys=True)
 
 
+def plan_to_wire(plan: Plan) -> dict[str, Any]:
+    """The ``plan`` object of the wire format."""
+    return {
+        "dp": plan.dp,
+        "tp": plan.tp,
+        "pp": plan.pp,
+        "microBatchSize": plan.micro_batch_size,
+        "batchShares": list(plan.batch_shares),
+        "virtualStages": plan.virtual_stages,
+        "schedule": plan.schedule,
+        "sharding": plan.sharding,
+        "recompute": plan.recompute,
+        "ranks": [
+            {"rank": c.rank, "dpRank": c.dp_rank, "tpRank": c.tp_rank, "ppStage": c.pp_stage}
+            for c in plan.ranks
+        ],
+        "stages": [{"stage": s.stage, "layers": [s.start, s.stop]} for s in plan.stages],
+    }
+
+
 def to_wire(a: Assignment) -> dict[str, Any]:
     """The JSON object the operator writes for ``a``."""
-    plan = asdict(a.plan)
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -114,13 +220,7 @@ def to_wire(a: Assignment) -> dict[str, Any]:
         "masterAddr": a.master_addr,
         "masterPort": a.master_port,
         "localWorldSize": a.local_world_size,
-        "plan": {
-            "dp": plan["dp"],
-            "tp": plan["tp"],
-            "pp": plan["pp"],
-            "microBatchSize": plan["micro_batch_size"],
-            "batchShares": list(plan["batch_shares"]),
-        },
+        "plan": plan_to_wire(a.plan),
         "globalBatchSize": a.global_batch_size,
         "consistency": a.consistency,
         "seed": a.seed,
@@ -129,6 +229,7 @@ def to_wire(a: Assignment) -> dict[str, Any]:
             "intervalSeconds": a.checkpoint.interval_seconds,
             "keep": a.checkpoint.keep,
             "intervalSteps": a.checkpoint.interval_steps,
+            **({"uri": a.checkpoint.uri} if a.checkpoint.uri else {}),
         },
         "stopAtStep": a.stop_at_step,
         "stop": a.stop,
@@ -161,17 +262,148 @@ def _positive(value: int, name: str) -> int:
     return value
 
 
+def _string(obj: Mapping[str, Any], key: str, where: str, limit: int, default: Any = ...) -> str:
+    """A string field of at most ``limit`` characters, without NUL (it may become a path)."""
+    value: str = _get(obj, key, str, where, default)
+    if len(value) > limit:
+        raise AssignmentError(f"{where}{key}: {len(value)} characters, at most {limit}")
+    if "\0" in value:
+        raise AssignmentError(f"{where}{key}: contains a NUL character")
+    return value
+
+
+def _job_name(data: Mapping[str, Any]) -> str:
+    """The job's name: it names the job's checkpoint directory, so one plain path component."""
+    job = _string(data, "job", "", MAX_NAME)
+    if not job or "/" in job or job in (".", ".."):
+        raise AssignmentError(f"job: expected a non-empty name without '/', got {job!r}")
+    return job
+
+
+def _checkpoint_path(raw: Mapping[str, Any]) -> str:
+    """``checkpoint.path``: absolute, no ``..``; returned normalised (``""`` when absent)."""
+    path = _string(raw, "path", "checkpoint.", MAX_PATH, "")
+    if not path:
+        return ""
+    if not os.path.isabs(path) or ".." in path.split("/"):
+        raise AssignmentError(
+            f"checkpoint.path: expected an absolute path without '..', got {path[:200]!r}"
+        )
+    return os.path.normpath(path)
+
+
+def split_checkpoint_uri(uri: str) -> tuple[str, str, str]:
+    """``(scheme, bucket, prefix)`` of a checkpoint URI; ValueError saying what is wrong.
+
+    The prefix is normalised (no empty components) and never climbs (``..``), so a job's
+    root, ``prefix/<job>``, stays under the prefix the user gave.
+    """
+    scheme, sep, rest = uri.partition("://")
+    if not sep or scheme not in URI_SCHEMES:
+        raise ValueError(f"unsupported scheme {scheme!r} (supported: {', '.join(URI_SCHEMES)})")
+    bucket, _, prefix = rest.partition("/")
+    parts = [p for p in prefix.split("/") if p]
+    if not bucket or any(p in (".", "..") for p in parts) or "\0" in uri:
+        raise ValueError(f"expected {scheme}://BUCKET[/PREFIX] without '..', got {uri[:200]!r}")
+    return scheme, bucket, "/".join(parts)
+
+
+def _checkpoint_uri(raw: Mapping[str, Any]) -> str:
+    """``checkpoint.uri``: ``s3://bucket[/prefix]``, returned normalised (``""`` when absent)."""
+    uri = _string(raw, "uri", "checkpoint.", MAX_URI, "")
+    if not uri:
+        return ""
+    try:
+        scheme, bucket, prefix = split_checkpoint_uri(uri)
+    except ValueError as err:
+        raise AssignmentError(f"checkpoint.uri: {err}") from None
+    return f"{scheme}://{bucket}/{prefix}" if prefix else f"{scheme}://{bucket}"
+
+
+def _choice(raw: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str) -> Any:
+    value = _get(raw, key, str, "plan.", default)
+    if value not in allowed:
+        raise AssignmentError(f"plan.{key}: expected one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def _int_list(raw: Mapping[str, Any], key: str) -> list[int]:
+    items = _get(raw, key, list, "plan.", [])
+    if len(items) > MAX_RANKS:
+        raise AssignmentError(f"plan.{key}: {len(items)} entries, at most {MAX_RANKS}")
+    for i, s in enumerate(items):
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise AssignmentError(f"plan.{key}[{i}]: expected an integer >= 0, got {s!r}")
+    return list(items)
+
+
+def _parse_coords(raw: Mapping[str, Any], dp: int, tp: int, pp: int) -> tuple[RankCoord, ...]:
+    items = _get(raw, "ranks", list, "plan.", [])
+    if not items:
+        return ()
+    if len(items) != dp * tp * pp:
+        raise AssignmentError(f"plan.ranks: has {len(items)} entries, dp*tp*pp is {dp * tp * pp}")
+    coords = []
+    for i, item in enumerate(items):
+        where = f"plan.ranks[{i}]."
+        if not isinstance(item, dict):
+            raise AssignmentError(f"plan.ranks[{i}]: expected an object, got {item!r}")
+        coord = RankCoord(
+            rank=_get(item, "rank", int, where, i),
+            dp_rank=_get(item, "dpRank", int, where),
+            tp_rank=_get(item, "tpRank", int, where),
+            pp_stage=_get(item, "ppStage", int, where),
+        )
+        bounds = {"rank": (coord.rank, dp * tp * pp), "dpRank": (coord.dp_rank, dp),
+                  "tpRank": (coord.tp_rank, tp), "ppStage": (coord.pp_stage, pp)}  # fmt: skip
+        for name, (value, limit) in bounds.items():
+            if not 0 <= value < limit:
+                raise AssignmentError(f"{where}{name}: expected 0..{limit - 1}, got {value}")
+        if coord.rank != i:
+            raise AssignmentError(f"{where}rank: entries must be in rank order, got {coord.rank}")
+        coords.append(coord)
+    if len({(c.dp_rank, c.tp_rank, c.pp_stage) for c in coords}) != len(coords):
+        raise AssignmentError("plan.ranks: two ranks share the same (dpRank, tpRank, ppStage)")
+    return tuple(coords)
+
+
+def _parse_stages(raw: Mapping[str, Any], count: int) -> tuple[StageLayers, ...]:
+    items = _get(raw, "stages", list, "plan.", [])
+    if not items:
+        return ()
+    if len(items) > MAX_RANKS:
+        raise AssignmentError(f"plan.stages: {len(items)} entries, at most {MAX_RANKS}")
+    if len(items) != count:
+        raise AssignmentError(f"plan.stages: has {len(items)} entries, pp*virtualStages is {count}")
+    stages = []
+    expected_start = 0
+    for i, item in enumerate(items):
+        where = f"plan.stages[{i}]"
+        layers = item.get("layers") if isinstance(item, dict) else None
+        if not (
+            isinstance(layers, list)
+            and len(layers) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in layers)
+        ):
+            raise AssignmentError(f"{where}.layers: expected [start, stop], got {layers!r}")
+        start, stop = int(layers[0]), int(layers[1])
+        if start != expected_start or stop < start:
+            raise AssignmentError(
+                f"{where}.layers: expected [{expected_start}, stop >= {expected_start}] "
+                f"(stages cover the layers in order), got {layers!r}"
+            )
+        stages.append(StageLayers(stage=i, start=start, stop=stop))
+        expected_start = stop
+    return tuple(stages)
+
+
 def _parse_plan(raw: Mapping[str, Any], world_size: int, global_batch: int) -> Plan:
     dp = _positive(_get(raw, "dp", int, "plan.", max(world_size, 1)), "plan.dp")
     tp = _positive(_get(raw, "tp", int, "plan.", 1), "plan.tp")
     pp = _positive(_get(raw, "pp", int, "plan.", 1), "plan.pp")
     mbs = _positive(_get(raw, "microBatchSize", int, "plan.", 1), "plan.microBatchSize")
-    shares_raw = _get(raw, "batchShares", list, "plan.", [])
-    shares: list[int] = []
-    for i, s in enumerate(shares_raw):
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-            raise AssignmentError(f"plan.batchShares[{i}]: expected an integer >= 0, got {s!r}")
-        shares.append(s)
+    vpp = _positive(_get(raw, "virtualStages", int, "plan.", 1), "plan.virtualStages")
+    shares = _int_list(raw, "batchShares")
     if world_size > 0:
         if dp * tp * pp != world_size:
             raise AssignmentError(
@@ -190,7 +422,23 @@ def _parse_plan(raw: Mapping[str, Any], world_size: int, global_batch: int) -> P
             raise AssignmentError(
                 f"plan.batchShares: sums to {sum(shares)}, globalBatchSize is {global_batch}"
             )
-    return Plan(dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, batch_shares=tuple(shares))
+    if vpp > MAX_RANKS:
+        raise AssignmentError(f"plan.virtualStages: {vpp} is above the bound {MAX_RANKS}")
+    if vpp > 1 and pp == 1:
+        raise AssignmentError(f"plan.virtualStages: {vpp} needs pp > 1 (pp is 1)")
+    return Plan(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        micro_batch_size=mbs,
+        batch_shares=tuple(shares),
+        virtual_stages=vpp,
+        schedule=_choice(raw, "schedule", SCHEDULES, default_schedule(pp, vpp)),
+        sharding=_choice(raw, "sharding", SHARDINGS, "none"),
+        recompute=_choice(raw, "recompute", RECOMPUTES, "none"),
+        ranks=_parse_coords(raw, dp, tp, pp) if world_size > 0 else (),
+        stages=_parse_stages(raw, pp * vpp),
+    )
 
 
 def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
@@ -198,7 +446,7 @@ def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
     if isinstance(data, str):
         try:
             decoded = json.loads(data)
-        except json.JSONDecodeError as err:
+        except (ValueError, RecursionError) as err:  # RecursionError: nesting too deep
             raise AssignmentError(f"assignment is not valid JSON: {err}") from err
         if not isinstance(decoded, dict):
             raise AssignmentError("assignment must be a JSON object")
@@ -210,17 +458,17 @@ def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
     if kind != KIND:
         raise AssignmentError(f"kind: expected {KIND!r}, got {kind!r}")
     world_size = _nonneg(_get(data, "worldSize", int, "", 0), "worldSize")
+    if world_size > MAX_RANKS:
+        raise AssignmentError(f"worldSize: {world_size} is above the bound {MAX_RANKS}")
     stop = _get(data, "stop", bool, "", False)
-    job = _get(data, "job", str, "")
-    if not job or "/" in job:
-        raise AssignmentError(f"job: expected a non-empty name without '/', got {job!r}")
+    job = _job_name(data)
     version = _nonneg(_get(data, "worldVersion", int, ""), "worldVersion")
     consistency = _get(data, "consistency", str, "", "none")
     if consistency not in CONSISTENCIES:
         raise AssignmentError(f"consistency: expected one of {CONSISTENCIES}, got {consistency!r}")
     ckpt_raw = _get(data, "checkpoint", dict, "", {})
     checkpoint = CheckpointSpec(
-        path=_get(ckpt_raw, "path", str, "checkpoint.", ""),
+        path=_checkpoint_path(ckpt_raw),
         interval_seconds=_nonneg(
             _get(ckpt_raw, "intervalSeconds", int, "checkpoint.", 300), "checkpoint.intervalSeconds"
         ),
@@ -228,6 +476,7 @@ def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
         interval_steps=_nonneg(
             _get(ckpt_raw, "intervalSteps", int, "checkpoint.", 0), "checkpoint.intervalSteps"
         ),
+        uri=_checkpoint_uri(ckpt_raw),
     )
     global_batch = _get(data, "globalBatchSize", int, "", 0)
     stop_at = _get(data, "stopAtStep", int, "", None)
@@ -246,8 +495,8 @@ def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
             consistency=consistency,
             stop=stop,
         )
-    if not checkpoint.path:
-        raise AssignmentError("checkpoint.path: required for a pod in a world")
+    if not checkpoint.path and not checkpoint.uri:
+        raise AssignmentError("checkpoint.path: required for a pod in a world (or checkpoint.uri)")
     _positive(global_batch, "globalBatchSize")
     local = _positive(_get(data, "localWorldSize", int, "", 1), "localWorldSize")
     rank = _nonneg(_get(data, "rank", int, ""), "rank")
@@ -258,7 +507,7 @@ def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
     port = _get(data, "masterPort", int, "")
     if not 0 < port < 65536:
         raise AssignmentError(f"masterPort: expected 1..65535, got {port}")
-    addr = _get(data, "masterAddr", str, "")
+    addr = _string(data, "masterAddr", "", MAX_NAME)
     if not addr:
         raise AssignmentError("masterAddr: must not be empty")
     plan = _parse_plan(_get(data, "plan", dict, "", {}), world_size, global_batch)
@@ -304,12 +553,22 @@ def read_assignment_file(path: Path) -> Assignment | None:
     """The assignment in ``path``; None when the file is absent or empty (the pod waits).
 
     A downward-API file is replaced atomically through a symlink swap, so one read sees either
-    the old or the new content, never a mix.
+    the old or the new content, never a mix. Anything else that keeps it from being read (a
+    directory in its place, no permission, not UTF-8, too large) is an AssignmentError: a
+    permanent error with a message, not a traceback.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         return None
+    except OSError as err:
+        raise AssignmentError(f"assignment file {path}: cannot read it: {err.strerror}") from err
+    except UnicodeDecodeError as err:
+        raise AssignmentError(f"assignment file {path}: not UTF-8 ({err.reason})") from err
+    if len(raw) > MAX_FILE_BYTES:
+        raise AssignmentError(f"assignment file {path}: larger than {MAX_FILE_BYTES} bytes")
     if not text.strip():
         return None
     return parse_assignment(text)
@@ -321,7 +580,9 @@ def assignment_from_env(environ: Mapping[str, str] = os.environ) -> Assignment:
     ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` (torchrun's names), plus
     ``ELASTRA_JOB``, ``ELASTRA_GLOBAL_BATCH_SIZE``, ``ELASTRA_MICRO_BATCH_SIZE``,
     ``ELASTRA_CONSISTENCY``, ``ELASTRA_SEED``, ``ELASTRA_CHECKPOINT_DIR``,
-    ``ELASTRA_CHECKPOINT_INTERVAL_SECONDS`` and ``ELASTRA_LOCAL_WORLD_SIZE``.
+    ``ELASTRA_CHECKPOINT_INTERVAL_SECONDS``, ``ELASTRA_CHECKPOINT_URI`` (checkpoints in an
+    object store instead of the directory) and ``ELASTRA_LOCAL_WORLD_SIZE``. A relative
+    checkpoint directory is taken from the current directory.
     """
 
     def num(name: str, default: int) -> int:
@@ -350,10 +611,28 @@ def assignment_from_env(environ: Mapping[str, str] = os.environ) -> Assignment:
             "consistency": environ.get("ELASTRA_CONSISTENCY", "none"),
             "seed": num("ELASTRA_SEED", 0),
             "checkpoint": {
-                "path": environ.get("ELASTRA_CHECKPOINT_DIR", "checkpoints"),
+                "path": os.path.abspath(environ.get("ELASTRA_CHECKPOINT_DIR", "checkpoints")),
                 "intervalSeconds": num("ELASTRA_CHECKPOINT_INTERVAL_SECONDS", 300),
                 "intervalSteps": num("ELASTRA_CHECKPOINT_INTERVAL_STEPS", 0),
                 "keep": num("ELASTRA_CHECKPOINT_KEEP", 3),
+                "uri": environ.get("ELASTRA_CHECKPOINT_URI") or None,
             },
         }
     )
+
+
+def split_layers(layers: int, stages: int) -> tuple[StageLayers, ...]:
+    """An even split of ``layers`` over ``stages`` (virtual) stages, earlier stages one more.
+
+    The one place the default split is computed: the planner uses it for the plans it places
+    and the worker for an assignment that gives no ``stages``.
+    """
+    if stages < 1 or layers < stages:
+        raise AssignmentError(f"cannot split {layers} layers over {stages} pipeline stages")
+    base, extra = divmod(layers, stages)
+    out, start = [], 0
+    for s in range(stages):
+        stop = start + base + (1 if s < extra else 0)
+        out.append(StageLayers(stage=s, start=start, stop=stop))
+        start = stop
+    return tuple(out)

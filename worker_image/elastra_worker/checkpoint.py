@@ -10,6 +10,10 @@ Hashes are computed while DCP writes: the writer's file streams feed sha256 in t
 threads (hashlib releases the GIL), so no file is read back after a save. A stream that seeks
 (which would make the running hash wrong) falls back to reading the file back.
 
+The root is a ``layout.CheckpointStore``: a directory (DCP's file-system writer and reader) or
+an object-store prefix (DCP's fsspec writer and reader, straight to and from the objects: no
+local staging copy, and a loading rank reads only the byte ranges it needs).
+
 All coordination goes through a gloo process group passed in (``group``), so the same code runs
 for CPU (gloo) and GPU (nccl) training, and an asynchronous save can run in a background thread
 on its own group while training continues on the default one.
@@ -21,29 +25,32 @@ import hashlib
 import io
 import logging
 import os
-import shutil
+import posixpath
 import threading
 import time
 from collections.abc import Callable, Generator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import (
+    FileSystem,
+    FileSystemBase,
+    FileSystemReader,
+    FileSystemWriter,
+)
+from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from .layout import (
     CheckpointError,
-    CheckpointRoot,
+    CheckpointStore,
     FileEntry,
     Manifest,
     file_owner,
-    sha256_file,
 )
 
 log = logging.getLogger(__name__)
@@ -56,7 +63,7 @@ class SaveResult:
     """A committed checkpoint: where, which step, how many bytes, how long the save took."""
 
     step: int
-    path: Path
+    location: str
     bytes: int
     seconds: float
 
@@ -80,7 +87,7 @@ def _broadcast(obj: Any, group: dist.ProcessGroup | None) -> Any:
 class _HashingStream(io.RawIOBase):
     """A write-only file that keeps a running sha256 and size of what went through it."""
 
-    def __init__(self, raw: io.BufferedWriter, on_close: Callable[[FileEntry | None], None]):
+    def __init__(self, raw: io.IOBase, on_close: Callable[[FileEntry | None], None]):
         super().__init__()
         self._raw = raw
         self._hash = hashlib.sha256()
@@ -95,7 +102,7 @@ class _HashingStream(io.RawIOBase):
         view = memoryview(b).cast("B")
         self._hash.update(view)
         self._size += view.nbytes
-        return self._raw.write(view)
+        return int(self._raw.write(view))  # typeshed's IOBase declares no write
 
     def tell(self) -> int:
         return self._raw.tell()
@@ -120,10 +127,16 @@ class _HashingStream(io.RawIOBase):
 
 
 class _HashingFileSystem(FileSystem):
-    """DCP's local file system, recording size and sha256 of every file it writes."""
+    """A DCP file system (local or fsspec) that records size and sha256 of every file written.
 
-    def __init__(self) -> None:
+    It wraps the writer's own file system (every method goes to ``inner``), so the same hashing
+    covers a local directory and an object store; it subclasses ``FileSystem`` only because
+    that is the type DCP's writer declares for its ``fs``.
+    """
+
+    def __init__(self, inner: FileSystemBase) -> None:
         super().__init__()
+        self.inner = inner
         self.entries: dict[str, FileEntry | None] = {}
         self._lock = threading.Lock()
 
@@ -132,22 +145,42 @@ class _HashingFileSystem(FileSystem):
         self, path: str | os.PathLike[str], mode: str
     ) -> Generator[io.IOBase, None, None]:
         if mode != "wb":
-            with super().create_stream(path, mode) as stream:
+            with self.inner.create_stream(path, mode) as stream:
                 yield stream
             return
-        name = Path(path).name
+        name = posixpath.basename(os.fspath(path))
 
         def record(entry: FileEntry | None) -> None:
             with self._lock:
                 self.entries[name] = entry
 
-        with _HashingStream(open(path, "wb"), record) as stream:
+        with self.inner.create_stream(path, mode) as raw, _HashingStream(raw, record) as stream:
             yield stream
 
     def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
-        super().rename(path, new_path)
+        self.inner.rename(path, new_path)
+        old, new = posixpath.basename(os.fspath(path)), posixpath.basename(os.fspath(new_path))
         with self._lock:
-            self.entries[Path(new_path).name] = self.entries.pop(Path(path).name, None)
+            self.entries[new] = self.entries.pop(old, None)
+
+    def concat_path(self, path: str | os.PathLike[str], suffix: str) -> str | os.PathLike[str]:
+        return self.inner.concat_path(path, suffix)
+
+    def init_path(self, path: str | os.PathLike[str]) -> str | os.PathLike[str]:
+        return self.inner.init_path(path)
+
+    def mkdir(self, path: str | os.PathLike[str]) -> None:
+        self.inner.mkdir(path)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return True  # the wrapped file system was chosen for the location already
+
+    def exists(self, path: str | os.PathLike[str]) -> bool:
+        return self.inner.exists(path)
+
+    def rm_file(self, path: str | os.PathLike[str]) -> None:
+        self.inner.rm_file(path)
 
 
 class Checkpointer:
@@ -160,7 +193,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        root: CheckpointRoot,
+        root: CheckpointStore,
         *,
         group: dist.ProcessGroup | None,
         world_version: int,
@@ -178,6 +211,9 @@ class Checkpointer:
         self._async_error: BaseException | None = None
         self._async_result: SaveResult | None = None
         self.last_committed_step: int | None = root.latest_step()
+        # Steps this world verified (restored or saved): pruning keeps these, not step numbers.
+        self.restored_step: int | None = None
+        self.verified: set[int] = set()
 
     # ---- save -------------------------------------------------------------------------------
 
@@ -228,37 +264,29 @@ class Checkpointer:
     ) -> SaveResult:
         t0 = time.perf_counter()
         rank, world = _world(group)
-        partial = self.root.partial_path(step, self.world_version)
+        location = self.root.save_location(step, self.world_version)
         if rank == 0:
-            if partial.exists():
-                shutil.rmtree(partial)
-            partial.mkdir(parents=True)
+            self.root.begin_save(step, self.world_version)
         dist.barrier(group=group)
-        writer = FileSystemWriter(
-            partial,
-            single_file_per_rank=True,
-            sync_files=True,
-            thread_count=self.thread_count,
-            overwrite=True,
-        )
-        hashing = _HashingFileSystem()
+        writer = self._writer(location)
+        hashing = _HashingFileSystem(writer.fs)
         writer.fs = hashing
         dcp_save(state, storage_writer=writer, process_group=group)
         if self.after_write is not None:
             self.after_write(step)
         # Each rank reports the files it wrote, hashed on the way out; a file whose stream
         # seeked, or one that nobody reports, is read back by its owner.
-        names: list[str] = _broadcast(sorted(os.listdir(partial)) if rank == 0 else None, group)
+        names: list[str] = _broadcast(self.root.saved_names(location) if rank == 0 else None, group)
         reported = {n: e for n, e in hashing.entries.items() if e is not None}
         known: list[list[str] | None] = [None] * world
         dist.all_gather_object(known, sorted(reported), group=group)
         covered = {n for part in known for n in part or []}
         missing = [n for n in names if n not in covered]
         mine = [n for i, n in enumerate(missing) if file_owner(n, i, world) == rank]
-        entries = {**reported, **_hash_files(partial, mine)}
+        entries = {**reported, **self.root.hash_saved(location, mine)}
         gathered: list[dict[str, FileEntry] | None] = [None] * world
         dist.all_gather_object(gathered, entries, group=group)
-        final = self.root.step_path(step)
+        final = self.root.step_location(step)
         total = 0
         if rank == 0:
             files: dict[str, FileEntry] = {}
@@ -273,21 +301,55 @@ class Checkpointer:
                 files=files,
                 extra=extra,
             )
-            final = self.root.commit(partial, manifest)
-            self.root.prune(self.keep)
+            final = self.root.commit_save(location, manifest)
+            self.verified.add(step)
+            self.root.prune(self.keep, trusted=self.verified, restored=self.restored_step)
         total = int(_broadcast(total, group))
         dist.barrier(group=group)  # nobody reports the step committed before it is
         self.last_committed_step = step
-        return SaveResult(step=step, path=final, bytes=total, seconds=time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        return SaveResult(step=step, location=final, bytes=total, seconds=seconds)
+
+    def _writer(self, location: str) -> FileSystemWriter:
+        """DCP's writer for ``location``: every file fsynced locally; one PUT per object remotely.
+
+        An object is durable once its upload completes, so the fsspec writer skips fsync (its
+        streams have no file descriptor).
+        """
+        options = self.root.fsspec_options
+        if options is None:
+            return FileSystemWriter(
+                location,
+                single_file_per_rank=True,
+                sync_files=True,
+                thread_count=self.thread_count,
+                overwrite=True,
+            )
+        return FsspecWriter(
+            location,
+            single_file_per_rank=True,
+            sync_files=False,
+            thread_count=self.thread_count,
+            overwrite=True,
+            **options,
+        )
+
+    def reader(self, step: int) -> FileSystemReader:
+        """DCP's reader of the committed ``step`` (reads only the byte ranges a rank needs)."""
+        location = self.root.step_location(step)
+        options = self.root.fsspec_options
+        if options is None:
+            return FileSystemReader(location)
+        return FsspecReader(location, **options)
 
     # ---- load -------------------------------------------------------------------------------
 
     def find_loadable(self) -> Manifest | None:
         """The newest committed checkpoint that verifies on every rank (collective).
 
-        A checkpoint with a missing file, a wrong size or a wrong sha256 is logged and skipped,
-        and the previous one is tried, so a crash or a corrupted shard costs progress, not the
-        job.
+        A checkpoint with a missing file, a wrong size or a wrong sha256, or one that cannot be
+        read at all, is logged and skipped, and the previous one is tried, so a crash or a
+        corrupted shard costs progress, not the job.
         """
         rank, world = _world(self.group)
         candidates: list[int] = _broadcast(
@@ -312,6 +374,8 @@ class Checkpointer:
                     ok = False
                     log.warning("checkpoint step %d failed verification: %s", step, err)
             if _all_ok(ok, self.group):
+                self.restored_step = step
+                self.verified.add(step)
                 return manifest
             if rank == 0:
                 log.warning(
@@ -323,19 +387,7 @@ class Checkpointer:
 
     def load(self, state: StateDict, manifest: Manifest) -> None:
         """Load the verified checkpoint into ``state`` in place, resharded to this world."""
-        reader = FileSystemReader(self.root.step_path(manifest.step))
-        dcp_load(state, storage_reader=reader, process_group=self.group)
-
-
-def _hash_files(directory: Path, names: list[str]) -> dict[str, FileEntry]:
-    def one(name: str) -> tuple[str, FileEntry]:
-        path = directory / name
-        return name, FileEntry(size=path.stat().st_size, sha256=sha256_file(path))
-
-    if not names:
-        return {}
-    with ThreadPoolExecutor(max_workers=min(4, len(names))) as pool:
-        return dict(pool.map(one, names))
+        dcp_load(state, storage_reader=self.reader(manifest.step), process_group=self.group)
 
 
 def _stage_to_cpu(state: Any) -> Any:

@@ -9,8 +9,9 @@ trainer can act on it, and costs one ``stat``.
   checkpoint, and exit 0 (a new world version, ``stop: true``, or SIGTERM to the pod).
 - ``status-<local rank>.json``: written by a trainer as it exits: ``done`` (the script finished
   its steps) or ``stopped`` (it stopped on request), with the step and the checkpoint step.
-- ``progress-<local rank>.json``: written by a trainer after every step (step, loss, samples/s,
-  last checkpoint step); the agent serves it as Prometheus metrics.
+- ``progress-<local rank>.json``: written by a trainer after every step (step, loss, step
+  seconds, samples/s, tokens/s when known, last checkpoint step); the agent serves it as
+  Prometheus metrics.
 """
 
 from __future__ import annotations

@@ -1,21 +1,60 @@
 """Fault injection for tests and the local launcher: kill this trainer at a chosen point.
 
-Set by ``elastra-worker local --fail`` on one pod only. The kill is a SIGKILL to the trainer
-itself: no handler, no flush, no checkpoint, which is what a lost node or an OOM kill looks like.
+Set by ``elastra-worker local --fail`` on one pod only, or ``--chaos`` on every trainer: there
+each trainer dies at random, in the middle of a step with one probability and between writing
+its shards of a checkpoint and the commit with another, drawn from (seed, world version, rank,
+step) so a run's faults repeat. The kill is a SIGKILL to the trainer itself: no handler, no
+flush, no checkpoint, which is what a lost node or an OOM kill looks like. Just before it, the
+trainer writes one ``FAULT_LINE`` to stderr naming where it died, so a test can check what the
+next world restored against what had been committed.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 KILL_AT_STEP_ENV = "ELASTRA_FAULT_KILL_AT_STEP"
 KILL_IN_SAVE_ENV = "ELASTRA_FAULT_KILL_IN_SAVE"
+CHAOS_ENV = "ELASTRA_FAULT_CHAOS"
+"""``SEED:P_STEP:P_SAVE``: kill with probability P_STEP in each step, P_SAVE in each save."""
+FAULT_LINE = "elastra-fault: rank {rank} of world v{version} killed {where} {step}"
+MID_STEP, IN_SAVE = "mid-step", "in-save-of-step"
 
 
-def _kill_self() -> None:
+@dataclass(frozen=True)
+class Chaos:
+    """Random kills: the seed and the probabilities per step and per save."""
+
+    seed: int
+    p_step: float
+    p_save: float
+
+    @staticmethod
+    def parse(text: str) -> Chaos:
+        """``SEED:P_STEP:P_SAVE``; ValueError naming the form when it is not that."""
+        try:
+            seed, p_step, p_save = text.split(":")
+            chaos = Chaos(int(seed), float(p_step), float(p_save))
+        except ValueError:
+            raise ValueError(f"chaos {text!r}: expected SEED:P_STEP:P_SAVE") from None
+        if not (0 <= chaos.p_step < 1 and 0 <= chaos.p_save < 1):
+            raise ValueError(f"chaos {text!r}: probabilities must be in [0, 1)")
+        return chaos
+
+
+def _kill_self(where: str, step: int, environ: Mapping[str, str]) -> None:
+    line = FAULT_LINE.format(
+        rank=environ.get("RANK", "?"),
+        version=environ.get("ELASTRA_WORLD_VERSION", "?"),
+        where=where,
+        step=step,
+    )
+    print(line, file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -25,6 +64,9 @@ class Faults:
 
     kill_at_step: int | None = None
     kill_in_save: int | None = None
+    chaos: Chaos | None = None
+    environ: Mapping[str, str] | None = None
+    """The trainer's environment: rank and world version for the chaos draw and the line."""
 
     @staticmethod
     def from_env(environ: Mapping[str, str]) -> Faults:
@@ -34,14 +76,30 @@ class Faults:
             raw = environ.get(name, "")
             return int(raw) if raw else None
 
-        return Faults(kill_at_step=opt(KILL_AT_STEP_ENV), kill_in_save=opt(KILL_IN_SAVE_ENV))
+        chaos = environ.get(CHAOS_ENV)
+        return Faults(
+            kill_at_step=opt(KILL_AT_STEP_ENV),
+            kill_in_save=opt(KILL_IN_SAVE_ENV),
+            chaos=Chaos.parse(chaos) if chaos else None,
+            environ=dict(environ),
+        )
 
     def at_step(self, step: int) -> None:
         """Called in the middle of global step ``step`` (after backward, before the reduce)."""
-        if self.kill_at_step == step:
-            _kill_self()
+        if self.kill_at_step == step or self._draw(MID_STEP, step):
+            _kill_self(MID_STEP, step, self.environ or {})
 
     def in_save(self, step: int) -> None:
         """Called after this rank's shards of checkpoint ``step`` are written, before commit."""
-        if self.kill_in_save == step:
-            _kill_self()
+        if self.kill_in_save == step or self._draw(IN_SAVE, step):
+            _kill_self(IN_SAVE, step, self.environ or {})
+
+    def _draw(self, where: str, step: int) -> bool:
+        if self.chaos is None:
+            return False
+        env = self.environ or {}
+        key = (
+            f"{self.chaos.seed}:{env.get('ELASTRA_WORLD_VERSION')}:{env.get('RANK')}:{where}:{step}"
+        )
+        chance = self.chaos.p_step if where == MID_STEP else self.chaos.p_save
+        return random.Random(key).random() < chance

@@ -2,25 +2,33 @@
 
 ``elastra-worker local --schedule 4:0,2:20,3:40 --steps 60 ...`` starts one agent process per
 "pod" (``elastra-worker run``, the container entry point) and drives them only through their
-assignment files, exactly as the operator drives pods through the annotation: each resize is a
-new world version with a fresh master port, pods that leave get ``worldSize: 0`` and wait
-(their agents keep a warm standby trainer), pods that join are started, and at the end every pod
-gets ``stop: true``. A world is told to stop at the next resize step (``stopAtStep``), so a schedule
-lands on exact steps and the step log reads the same on every run.
+assignment files, exactly as the operator drives pods through the annotation: each resize (or
+change of plan, ``4:20:tp=2``) is a new world version with a fresh master port, pods that leave
+get ``worldSize: 0`` and wait (their agents keep a warm standby trainer), pods that join are
+started, and at the end every pod gets ``stop: true``. A world is told to stop at the next
+resize step (``stopAtStep``), so a schedule lands on exact steps and the step log reads the same
+on every run; a resize at a time (``2:16s``) is written when that time comes. The schedule's
+grammar and checks are in ``schedule.py``.
+
+``--launch torchrun`` runs a plain torchrun script instead of a Session script: the agents start
+it with torchrun's variables and SIGTERM it on every resize (``torchrun.py``). When every member
+of a world reports its trainers finished, the job is done, whatever the schedule still holds.
 
 ``--fail RANK@STEP`` kills one trainer with SIGKILL in the middle of that step (``--fail-in-save``
 while it writes the checkpoint of that step). The launcher then does what the operator does for
 a failed pod: a new world version for the same size, a fresh agent for the failed pod, and the
-new world resumes from the last good checkpoint.
+new world resumes from the last good checkpoint. ``--chaos SEED:P_STEP:P_SAVE`` makes every
+trainer die at random (``faults.py``), and ``--max-failed-worlds`` lets a run survive as many
+failed worlds as such a test injects.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -31,49 +39,29 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from . import exitcodes
-from .assignment import API_VERSION, KIND, Consistency
-from .faults import KILL_AT_STEP_ENV, KILL_IN_SAVE_ENV
+from .assignment import API_VERSION, KIND, Consistency, plan_to_wire
+from .faults import CHAOS_ENV, KILL_AT_STEP_ENV, KILL_IN_SAVE_ENV
 from .lifeline import PARENT_PID_ENV
+from .schedule import Segment, plan_for
+from .torchrun import Launch
 
 log = logging.getLogger(__name__)
+
+MAX_FAILED_WORLDS = 5
+# Phases an agent writes just before it exits (see Agent._loop); "stopped" is not one of them,
+# because an agent also reports it between two worlds.
+EXITING_PHASES = ("done", "failed", "terminated")
+AGENT_EXIT_WAIT_S = 30.0
+
+WorldState = Literal["running", "finished", "done", "failed"]
+SegmentEnd = Literal["stopped", "replaced", "done"]
 
 
 class LaunchError(RuntimeError):
     """The local run could not finish; the message says where it got stuck."""
-
-
-@dataclass(frozen=True)
-class Segment:
-    """World size ``size`` from step ``start`` until step ``end``."""
-
-    size: int
-    start: int
-    end: int
-
-
-def parse_schedule(text: str, steps: int) -> list[Segment]:
-    """``SIZE:STEP[,SIZE:STEP...]`` -> segments; the first must start at step 0."""
-    points: list[tuple[int, int]] = []
-    for part in text.split(","):
-        try:
-            size_s, step_s = part.split(":")
-            size, step = int(size_s), int(step_s)
-        except ValueError as err:
-            raise ValueError(f"schedule entry {part!r}: expected SIZE:STEP") from err
-        if size < 1 or step < 0:
-            raise ValueError(f"schedule entry {part!r}: size >= 1 and step >= 0")
-        points.append((size, step))
-    if not points or points[0][1] != 0:
-        raise ValueError("schedule must start at step 0, e.g. 4:0,2:20")
-    if any(b[1] <= a[1] for a, b in itertools.pairwise(points)):
-        raise ValueError("schedule steps must increase")
-    if points[-1][1] >= steps:
-        raise ValueError(f"schedule step {points[-1][1]} is not below --steps {steps}")
-    ends = [p[1] for p in points[1:]] + [steps]
-    return [Segment(size, start, end) for (size, start), end in zip(points, ends, strict=True)]
 
 
 def parse_fault(text: str | None) -> tuple[int, int] | None:
@@ -87,31 +75,44 @@ def parse_fault(text: str | None) -> tuple[int, int] | None:
         raise ValueError(f"fault {text!r}: expected RANK@STEP") from err
 
 
-def even_shares(global_batch: int, dp: int, micro: int) -> list[int]:
-    """Split the global batch over ``dp`` ranks in whole logical shares, as evenly as possible."""
-    if global_batch % micro:
-        raise ValueError(f"global batch {global_batch} is not a multiple of micro batch {micro}")
-    logical = global_batch // micro
-    if dp > logical:
-        raise ValueError(f"{dp} ranks but only {logical} logical shares of {micro}")
-    base, rest = divmod(logical, dp)
-    return [(base + (1 if r < rest else 0)) * micro for r in range(dp)]
+LOW_PORTS = range(20000, 32000)
+"""Where world master ports are picked: below Linux's ephemeral range (32768+), where gloo's
+own connections live; a master port the kernel chose from that range was sometimes taken by
+the time the new world's rank 0 bound it, and that world failed and had to be formed again."""
 
 
 def free_port() -> int:
-    """A port nobody listens on right now (the kernel's choice)."""
+    """A port below the ephemeral range that nobody listens on right now."""
+    return free_ports(1)
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports in ``LOW_PORTS`` that nobody listens on now."""
+    span = len(LOW_PORTS) - count + 1
+    start = random.randrange(span)
+    for offset in range(span):
+        base = LOW_PORTS.start + (start + offset) % span
+        if all(_port_free(port) for port in range(base, base + count)):
+            return base
+    raise LaunchError(f"no {count} free ports in {LOW_PORTS.start}..{LOW_PORTS.stop - 1}")
+
+
+def _port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
 class LocalJob:
-    """Everything ``elastra-worker local`` was asked to do."""
+    """Everything ``elastra-worker local`` was asked to do (``steps`` None: the script decides)."""
 
     command: Sequence[str]
     schedule: list[Segment]
-    steps: int
+    steps: int | None
     checkpoint_dir: Path
     log_file: Path
     consistency: Consistency = "none"
@@ -121,7 +122,10 @@ class LocalJob:
     checkpoint_every: int = 0
     fail: tuple[int, int] | None = None
     fail_in_save: tuple[int, int] | None = None
+    chaos: str | None = None
+    max_failed_worlds: int = MAX_FAILED_WORLDS
     world_timeout_s: float = 600.0
+    launch: Launch = "elastra"
     job: str = "local"
     work_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -149,8 +153,38 @@ class _Pod:
             return {}
         return raw if isinstance(raw, dict) else {}
 
-    def alive(self) -> bool:
+    def running(self) -> bool:
+        """The agent process has not exited (it may still be on its way out)."""
         return self.proc is not None and self.proc.poll() is None
+
+    def alive(self) -> bool:
+        """Whether the agent will serve the next world; if not, the launcher starts a new one.
+
+        An agent writes its last phase (done, failed, terminated) a moment before it exits.
+        One caught in between would never read another assignment, so it is waited for and
+        counted as gone rather than taken for a live agent that the new world then waits for.
+        """
+        if self.proc is None or not self.running():
+            return False
+        if self.agent_state().get("phase") not in EXITING_PHASES:
+            return True
+        try:
+            self.proc.wait(timeout=AGENT_EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("pod %d's agent reported its end but did not exit: killing it", self.index)
+            self.kill()
+        return False
+
+    def kill(self) -> None:
+        """SIGKILL the agent's group, then its trainers' groups (by pid), and reap the agent."""
+        if self.proc is None or not self.running():
+            return  # an agent that exited has already reaped its trainers
+        groups = [self.proc.pid] + [int(pid) for pid in self.agent_state().get("trainerPids", [])]
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        self.proc.kill()  # in case it left its group
+        self.proc.wait()
 
 
 class LocalLauncher:
@@ -164,6 +198,10 @@ class LocalLauncher:
         self.version = 0
         self._faults_pending = {"step": job.fail, "save": job.fail_in_save}
         self.failures = 0
+        self._t0 = time.monotonic()
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._t0
 
     # ---- the operator's half ------------------------------------------------------------------
 
@@ -174,7 +212,7 @@ class LocalLauncher:
 
     def _assign(self, seg: Segment, port: int) -> None:
         j = self.job
-        shares = even_shares(j.global_batch_size, seg.size, j.micro_batch_size)
+        plan = plan_for(seg, global_batch=j.global_batch_size, micro_batch=j.micro_batch_size)
         for index, pod in sorted(self.pods.items()):
             base = {"apiVersion": API_VERSION, "kind": KIND, "job": j.job}
             if index >= seg.size:  # not in this world: the pod waits (its agent stays warm)
@@ -190,13 +228,7 @@ class LocalLauncher:
                     "masterAddr": "127.0.0.1",
                     "masterPort": port,
                     "localWorldSize": 1,
-                    "plan": {
-                        "dp": seg.size,
-                        "tp": 1,
-                        "pp": 1,
-                        "microBatchSize": j.micro_batch_size,
-                        "batchShares": shares,
-                    },
+                    "plan": plan_to_wire(plan),
                     "globalBatchSize": j.global_batch_size,
                     "consistency": j.consistency,
                     "seed": j.seed,
@@ -206,12 +238,13 @@ class LocalLauncher:
                         "keep": 3,
                         "intervalSteps": j.checkpoint_every,
                     },
-                    "stopAtStep": seg.end,
+                    "stopAtStep": seg.stop_at_step,
                     "stop": False,
                 },
             )
 
-    def _start_agent(self, pod: _Pod) -> None:
+    def _agent_env(self, pod: _Pod) -> dict[str, str]:
+        """One pod's agent environment; a pending fault goes only to the pod it targets."""
         env = dict(os.environ)
         env.update(
             {
@@ -225,17 +258,24 @@ class LocalLauncher:
             }
         )
         env.update(self.job.extra_env)
+        if self.job.chaos:
+            env[CHAOS_ENV] = self.job.chaos
         for key, env_name in (("step", KILL_AT_STEP_ENV), ("save", KILL_IN_SAVE_ENV)):
             env.pop(env_name, None)
             fault = self._faults_pending[key]
             if fault is not None and fault[0] == pod.index:
                 env[env_name] = str(fault[1])
+        return env
+
+    def _start_agent(self, pod: _Pod) -> None:
         pod.state_file.unlink(missing_ok=True)
         cmd = [
             sys.executable,
             "-m",
             "elastra_worker.cli",
             "run",
+            "--launch",
+            self.job.launch,
             "--control-dir",
             str(pod.dir / "control"),
             "--state-file",
@@ -245,7 +285,7 @@ class LocalLauncher:
             "--",
             *self.job.command,
         ]
-        pod.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        pod.proc = subprocess.Popen(cmd, env=self._agent_env(pod), start_new_session=True)
         pod.starts += 1
 
     def _pod(self, index: int) -> _Pod:
@@ -263,23 +303,56 @@ class LocalLauncher:
         for i in range(seg.size):
             if not self.pods[i].alive():
                 self._start_agent(self.pods[i])
+        p = seg.plan
         log.info(
-            "world version %d: %d ranks, steps %d..%d", self.version, seg.size, seg.start, seg.end
+            "world version %d: world size %d (tp %d, pp %d, vpp %d), %s",
+            self.version,
+            seg.size,
+            p.tp,
+            p.pp,
+            p.vpp,
+            seg.span,
         )
 
-    def _world_state(self, seg: Segment) -> str:
-        """'running', 'finished' (every member stopped/done in this version) or 'failed'."""
-        finished = True
-        for i in range(seg.size):
-            pod = self.pods[i]
-            st = pod.agent_state()
-            if pod.proc is not None and pod.proc.poll() not in (None, 0):
-                return "failed"
-            # after its trainers stop, an agent reports "stopped", then "waiting" for a new world
-            ended = st.get("phase") in ("stopped", "done", "waiting")
-            if st.get("worldVersion") != self.version or not ended:
-                finished = False
-        return "finished" if finished else "running"
+    # ---- watching the world -------------------------------------------------------------------
+
+    def _member(self, pod: _Pod) -> tuple[WorldState, str]:
+        """Where one member of the current world stands, and the same in words."""
+        st = pod.agent_state()
+        phase, version = st.get("phase"), st.get("worldVersion")
+        code = pod.proc.poll() if pod.proc is not None else None
+        where = f"phase {phase!r} in world version {version}"
+        if phase == "done" and code in (None, 0):
+            return "done", f"pod {pod.index}: its trainers finished ({where})"
+        if code is not None:
+            return "failed", f"pod {pod.index}'s agent exited with code {code} ({where})"
+        if version == self.version and phase in ("stopped", "waiting"):
+            return "finished", f"pod {pod.index}: stopped"
+        if version != self.version:
+            return "running", (
+                f"pod {pod.index} (rank {pod.index}) never joined world version {self.version}: "
+                f"its agent is still in {where} (its old trainers have not exited)"
+            )
+        if self.job.launch == "elastra" and not (pod.dir / "control" / "progress-0.json").exists():
+            return "running", (
+                f"pod {pod.index} (rank {pod.index}) has made no step in world version "
+                f"{self.version} (is every rank started? a rendezvous or a restore hangs?)"
+            )
+        return "running", f"pod {pod.index}: running ({where})"
+
+    def _world_state(self, seg: Segment) -> tuple[WorldState, str]:
+        """The world's state and why: 'failed' if any member failed, 'done' once every member
+        finished its steps (or stopped beside one that did), 'finished' once all stopped."""
+        views = [self._member(self.pods[i]) for i in range(seg.size)]
+        for state, why in views:
+            if state == "failed":
+                return "failed", why
+        states = {state for state, _ in views}
+        if "done" in states and states <= {"done", "finished"}:
+            return "done", ""
+        if states == {"finished"}:
+            return "finished", ""
+        return "running", "; ".join(why for state, why in views if state == "running")
 
     def _consume_faults(self) -> None:
         """A fault fires once: forget the faults of pods whose agent died."""
@@ -290,15 +363,27 @@ class LocalLauncher:
                     self._faults_pending[key] = None
 
     def run(self) -> int:
-        """Drive every segment of the schedule; return 0 when all steps are done."""
+        """Drive the schedule until its last world stops or the trainers finish; 0 when done."""
         self.job.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.job.log_file.parent.mkdir(parents=True, exist_ok=True)
         self.job.log_file.unlink(missing_ok=True)
+        self._t0 = time.monotonic()  # SECONDSs schedule points count from here
         # SIGTERM (a CI deadline, Ctrl-C's cousin) still runs the cleanup below.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         try:
+            reached = 0  # the step the last world stopped at by itself
             for seg in self.job.schedule:
-                self._run_segment(seg)
+                if seg.until_s is not None and self._elapsed() >= seg.until_s:
+                    log.warning("schedule entry %r skipped: its time is over", seg.entry)
+                    continue
+                if seg.stop_at_step is not None and seg.stop_at_step <= reached:
+                    log.warning("schedule entry %r skipped: its steps are done", seg.entry)
+                    continue
+                end = self._run_segment(seg)
+                if end == "done":
+                    break
+                if end == "stopped" and seg.stop_at_step is not None:
+                    reached = seg.stop_at_step
             self._stop_all()
             return exitcodes.OK
         finally:
@@ -306,25 +391,34 @@ class LocalLauncher:
             if self._own_work_dir:
                 shutil.rmtree(self.work_dir, ignore_errors=True)
 
-    def _run_segment(self, seg: Segment) -> None:
+    def _run_segment(self, seg: Segment) -> SegmentEnd:
+        """Run one world until it stops at its step, is replaced at its time, or is done."""
         self._new_world(seg)
         deadline = time.monotonic() + self.job.world_timeout_s
         while True:
-            state = self._world_state(seg)
+            state, why = self._world_state(seg)
+            if state == "done":
+                log.info("the trainers finished in world version %d: job done", self.version)
+                return "done"
             if state == "finished":
-                return
+                return "stopped"
+            if seg.until_s is not None and self._elapsed() >= seg.until_s:
+                return "replaced"
             if state == "failed":
                 self.failures += 1
-                if self.failures > 5:
-                    raise LaunchError("more than 5 failed worlds: giving up")
-                log.warning("world version %d failed: starting a new one", self.version)
+                if self.failures > self.job.max_failed_worlds:
+                    raise LaunchError(
+                        f"more than {self.job.max_failed_worlds} failed worlds, giving up; "
+                        f"the last: {why}"
+                    )
+                log.warning("world version %d failed (%s): starting a new one", self.version, why)
                 self._consume_faults()
                 self._new_world(seg)  # bump first, then restart the dead agents
                 deadline = time.monotonic() + self.job.world_timeout_s
-            if time.monotonic() > deadline:
+            elif time.monotonic() > deadline:
                 raise LaunchError(
-                    f"world version {self.version} ({seg.size} ranks, steps {seg.start}.."
-                    f"{seg.end}) did not finish within {self.job.world_timeout_s:.0f}s"
+                    f"world version {self.version} ({seg.size} ranks, {seg.span}) did not "
+                    f"finish within {self.job.world_timeout_s:.0f}s: {why}"
                 )
             time.sleep(0.1)
 
@@ -342,15 +436,12 @@ class LocalLauncher:
             except subprocess.TimeoutExpired as err:
                 raise LaunchError(f"pod {pod.index}'s agent did not exit after stop") from err
             if code != 0:
-                raise LaunchError(f"pod {pod.index}'s agent exited with {code} after stop")
+                phase = pod.agent_state().get("phase")
+                raise LaunchError(
+                    f"pod {pod.index}'s agent exited with code {code} at the end (phase {phase!r})"
+                )
 
     def _kill_all(self) -> None:
         """Leave nothing behind: each agent's group, then its trainers' groups (by pid)."""
         for pod in self.pods.values():
-            if pod.proc is None or not pod.alive():
-                continue  # an agent that exited has already reaped its trainers
-            groups = [pod.proc.pid] + [int(pid) for pid in pod.agent_state().get("trainerPids", [])]
-            for pgid in groups:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pgid, signal.SIGKILL)
-            pod.proc.wait()
+            pod.kill()

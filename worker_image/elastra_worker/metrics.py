@@ -43,6 +43,17 @@ class WorkerCollector(Collector):
                 progress.get("samplesPerSecond"),
             ),
             (
+                "elastra_worker_step_seconds",
+                "Wall-clock seconds of the last step",
+                progress.get("stepSeconds"),
+            ),
+            (
+                "elastra_worker_tokens_per_second",
+                "Global tokens per second over the last step (when the script gives tokens "
+                "per sample)",
+                progress.get("tokensPerSecond"),
+            ),
+            (
                 "elastra_worker_last_checkpoint_step",
                 "Step of the last committed checkpoint",
                 progress.get("lastCheckpointStep"),

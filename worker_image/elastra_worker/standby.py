@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .cpushare import requested_threads
 from .lifeline import arm_from_env
 
 PRELOAD = (
@@ -63,6 +64,9 @@ def main() -> None:
     order = json.loads(line)
     os.environ.clear()
     os.environ.update(order["env"])
+    threads = requested_threads(os.environ)
+    if threads is not None:  # torch read the variable at import, before the order came
+        importlib.import_module("torch").set_num_threads(threads)
     argv: list[str] = order["argv"]
     sys.stdin.close()
     if argv[0] == "-m":

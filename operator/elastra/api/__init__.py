@@ -1,5 +1,6 @@
 """The TrainingJob API (elastra.dev/v1alpha1): pydantic models, parsing, and the CRD."""
 
+from elastra.api.podtemplate import PodSecurity, PodTemplate, ResourceRequirements
 from elastra.api.resource import (
     API_VERSION,
     GROUP,
@@ -34,7 +35,6 @@ from elastra.api.trainingjob import (
     ParallelismSpec,
     PlacementSpec,
     Precision,
-    ResourceRequirements,
     Sharding,
     TrainingJobSpec,
     TrainingSpec,
@@ -61,6 +61,8 @@ __all__ = [
     "Phase",
     "PlacementSpec",
     "PlanStatus",
+    "PodSecurity",
+    "PodTemplate",
     "Precision",
     "ProgressStatus",
     "RankPlacement",

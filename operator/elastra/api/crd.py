@@ -80,6 +80,8 @@ def _rewrite(node: Any, definitions: dict[str, Any]) -> Any:
             continue
         if key == "description":
             out[key] = _plain(value)
+        elif key == "const":
+            out["enum"] = [value]  # a one-value Literal; structural schemas have no const
         elif key == "properties":
             out[key] = {name: _rewrite(sub, definitions) for name, sub in value.items()}
         else:

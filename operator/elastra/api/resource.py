@@ -1,6 +1,6 @@
 """The TrainingJob object as a whole, and parsing it from YAML with one-line errors.
 
-Parsing happens once, at the edge (STYLE.md item 7): the controller parses the body it is
+Parsing happens once, at the edge (typed past it): the controller parses the body it is
 handed, ``elastra plan`` parses the file it is given, and everything past this point sees
 typed models. A user mistake becomes a ``UserError`` whose message names the file and the
 field, the way the API server would, never a traceback.
@@ -15,8 +15,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from elastra.api.formats import PATTERN_HINTS
 from elastra.api.status import TrainingJobStatus
-from elastra.api.trainingjob import PATTERN_HINTS, TrainingJobSpec
+from elastra.api.trainingjob import TrainingJobSpec
 from elastra.errors import UserError
 
 GROUP = "elastra.dev"

@@ -2,8 +2,8 @@
 
 The CRD in ``crds/`` is generated from these models, and the same models parse the object in
 the operator and in ``elastra plan``; so a field, its bounds, its default and its
-documentation are written here once. Field names are a contract (DESIGN.md section 2):
-examples, tests and external checks use them.
+documentation are written here once. Field names are a contract: examples, tests,
+``docs/api.md`` (generated from these models) and external checks use them.
 
 Bounds are deliberately generous but finite: every string has a maximum length and every list
 a maximum size so that the API server can estimate the cost of CEL rules and so that one bad
@@ -18,38 +18,26 @@ from typing import Annotated, ClassVar
 from pydantic import Field, StringConstraints
 
 from elastra.api.base import ApiModel
+from elastra.api.formats import (
+    ABSOLUTE_PATH,
+    DNS_SUBDOMAIN,
+    URI,
+    Arg,
+    EnvName,
+    GpuTypeName,
+    Size,
+)
+from elastra.api.podtemplate import PodSecurity, PodTemplate, ResourceRequirements
 from elastra.api.rules import Rule, immutable
 
 MAX_REPLICAS = 4096
 """Upper bound on worker pods per job; far above any plan the planner can rank quickly."""
 
+MAX_LIFETIME_SECONDS = 31_536_000
+"""Bound of ttlSecondsAfterFinished and activeDeadlineSeconds: 365 days."""
+
 MAX_GPUS_PER_WORKER = 16
 """The largest GPU count of one node that ships today (16 x V100 in a DGX-2)."""
-
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
-QUANTITY = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]i?|Ki)?$"
-URI = r"^[a-z][a-z0-9+.-]*://.+$"
-GPU_TYPE = r"^[A-Za-z0-9][-A-Za-z0-9_.]*$"
-ABSOLUTE_PATH = r"^/"
-
-PATTERN_HINTS = {
-    DNS_LABEL: "a DNS label: lowercase letters, digits and '-'",
-    DNS_SUBDOMAIN: "a DNS name: lowercase letters, digits, '-' and '.'",
-    ENV_NAME: "an environment variable name: letters, digits, '_', '-', '.', not a digit first",
-    QUANTITY: "a Kubernetes quantity such as 500m, 2, 4Gi",
-    URI: "a URI with a scheme, such as s3://bucket/prefix",
-    GPU_TYPE: "a GPU type: letters, digits, '-', '_', '.' (e.g. H100, NVIDIA-A100-SXM4-80GB)",
-    ABSOLUTE_PATH: "an absolute path (starting with /)",
-}
-"""What each pattern means, for error messages: a regex is not an explanation."""
-
-ShortText = Annotated[str, StringConstraints(min_length=1, max_length=253)]
-Arg = Annotated[str, StringConstraints(max_length=4096)]
-GpuTypeName = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=GPU_TYPE)]
-Quantity = Annotated[str, StringConstraints(max_length=64, pattern=QUANTITY)]
-ResourceName = Annotated[str, StringConstraints(min_length=1, max_length=253)]
 
 
 class Precision(StrEnum):
@@ -70,6 +58,13 @@ class Consistency(StrEnum):
     NONE = "none"
     DATA = "data"
     BITWISE = "bitwise"
+
+
+class Launch(StrEnum):
+    """How the agent runs the worker command: the Session API, or a plain torchrun script."""
+
+    ELASTRA = "elastra"
+    TORCHRUN = "torchrun"
 
 
 class ParallelismMode(StrEnum):
@@ -97,29 +92,9 @@ class Objective(StrEnum):
 class EnvVar(ApiModel):
     """A literal environment variable for the trainer process."""
 
-    name: Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=ENV_NAME)]
-    value: Annotated[str, StringConstraints(max_length=32768)] = ""
-
-
-class ResourceRequirements(ApiModel):
-    """CPU/memory (and other non-GPU) requests and limits of each worker pod.
-
-    GPUs are not set here: ``worker.gpus`` is the only place, so the planner and the pod
-    spec cannot disagree.
-    """
-
-    requests: dict[ResourceName, Quantity] = Field(default_factory=dict, max_length=16)
-    limits: dict[ResourceName, Quantity] = Field(default_factory=dict, max_length=16)
-
-    RULES: ClassVar[tuple[Rule, ...]] = (
-        Rule(
-            cel=(
-                "(!has(self.requests) || !('nvidia.com/gpu' in self.requests)) && "
-                "(!has(self.limits) || !('nvidia.com/gpu' in self.limits))"
-            ),
-            message="set GPUs with worker.gpus, not in worker.resources",
-            check=lambda r: "nvidia.com/gpu" not in r.requests and "nvidia.com/gpu" not in r.limits,
-        ),
+    name: EnvName = Field(description="Name of the environment variable.")
+    value: Annotated[str, StringConstraints(max_length=32768)] = Field(
+        default="", description="Literal value; for a Secret, use worker.template instead."
     )
 
 
@@ -144,16 +119,112 @@ class WorkerSpec(ApiModel):
     image: Annotated[str, StringConstraints(min_length=1, max_length=512)] = Field(
         description="Container image of the worker (python, torch and elastra_worker)."
     )
-    command: list[Arg] = Field(default_factory=list, max_length=64)
-    args: list[Arg] = Field(default_factory=list, max_length=256)
+    command: list[Arg] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "The worker container's command (its entrypoint). The agent must run first: "
+            "[python3, -m, elastra_worker.cli, run, --], with the trainer in args. Empty: the "
+            "image's entrypoint (the worker images' entrypoint is that agent)."
+        ),
+    )
+    args: list[Arg] = Field(
+        default_factory=list,
+        max_length=256,
+        description=(
+            "The worker container's args: after the agent's --, the trainer it runs in every "
+            "world (e.g. python3 -m elastra_worker.train). Empty: the image's default."
+        ),
+    )
     env: list[EnvVar] = Field(
         default_factory=list,
         max_length=128,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description=(
+            "Literal environment variables of the worker container (and so of the trainer). "
+            "For a Secret or ConfigMap value use worker.template. Elastra's own "
+            "(ELASTRA_ASSIGNMENT_FILE, ELASTRA_METRICS_PORT, POD_NAME, ELASTRA_LAUNCH, "
+            "ELASTRA_MODEL) come after these and win."
+        ),
     )
-    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description=(
+            "CPU, memory and other resources of the worker container; the GPUs come from "
+            "gpus, which Elastra adds as nvidia.com/gpu."
+        ),
+    )
+    cpu_ranks: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "Trainer processes (ranks) per pod of a CPU job (gpus: 0), as torchrun's "
+            "--nproc-per-node: a tensor-parallel group stays inside one pod, so a CPU job "
+            "with parallelism.tensor 2 needs cpuRanks 2. A GPU pod runs one rank per GPU and "
+            "keeps 1 here."
+        ),
+    )
+    launch: Launch = Field(
+        default=Launch.ELASTRA,
+        description=(
+            "How the worker agent runs the command. elastra (default): a script using the "
+            "elastra_worker Session API, which stops at a step boundary and checkpoints on a "
+            "resize. torchrun: an unmodified torchrun script, started once per world with "
+            "torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR ...) plus "
+            "ELASTRA_CHECKPOINT_DIR; on a resize it gets SIGTERM, the grace period to "
+            "checkpoint itself, and a restart in the new world (docs/torchrun.md)."
+        ),
+    )
+    shm_size: Size = Field(
+        default="1Gi",
+        description=(
+            "Size of the memory-backed emptyDir mounted at /dev/shm in the worker container "
+            "(DataLoader workers and NCCL use shared memory; a container runtime gives 64Mi). "
+            "It counts against the pod's memory limit. 0 mounts none."
+        ),
+    )
+    pod_security: PodSecurity = Field(
+        default=PodSecurity.RESTRICTED,
+        description=(
+            "Pod Security level the pods are built for. restricted (default): every container "
+            "runs non-root, without privilege escalation, with all capabilities dropped and "
+            "the RuntimeDefault seccomp profile. baseline: the worker container stays so, but "
+            "Elastra sets nothing on the pod's and the other containers' security contexts, "
+            "so a sidecar that runs as root can run in a namespace whose policy is baseline."
+        ),
+    )
+    template: PodTemplate | None = Field(
+        default=None,
+        description=(
+            "Additions to every worker pod, shaped like a PodTemplateSpec, merged with what "
+            "Elastra owns. Allowed: metadata.labels and annotations (not under elastra.dev/); "
+            "spec.volumes (configMap, secret, persistentVolumeClaim, emptyDir, projected, csi, "
+            "ephemeral, downwardAPI); spec.containers, where an entry named worker adds env "
+            "(value or valueFrom secretKeyRef, configMapKeyRef, fieldRef), envFrom and "
+            "volumeMounts to the worker container and any other entry is a sidecar; "
+            "spec.initContainers; nodeSelector and node affinity (ANDed with Elastra's pin to "
+            "the planned node); tolerations and pod affinity (added to Elastra's); "
+            "priorityClassName; serviceAccountName; imagePullSecrets. Elastra owns, and the "
+            "API server rejects: nodeName, schedulingGates, hostNetwork, hostPID, hostIPC, "
+            "securityContext (see podSecurity), the worker container's image, command, args "
+            "and resources (set in spec.worker), and the volumes assignment, checkpoints, "
+            "dshm and tmp. Other PodSpec fields are not part of the template."
+        ),
+    )
+
+    @property
+    def ranks_per_pod(self) -> int:
+        """Trainer processes in each pod: one per GPU, or ``cpuRanks`` for a CPU pod."""
+        return self.gpus if self.gpus > 0 else self.cpu_ranks
 
     RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="self.gpus == 0 || !has(self.cpuRanks) || self.cpuRanks == 1",
+            message="cpuRanks is for CPU jobs (gpus: 0): a GPU pod runs one rank per GPU",
+            check=lambda w: w.gpus == 0 or w.cpu_ranks == 1,
+            field=".cpuRanks",
+        ),
         Rule(
             cel="self.gpus > 0 || !has(self.gpuTypes) || size(self.gpuTypes) == 0",
             message="gpuTypes needs gpus > 0: a CPU job (gpus: 0) cannot ask for GPU types",
@@ -167,13 +238,13 @@ class ModelSpec(ApiModel):
     """A decoder-only transformer profile; the planner's performance model reads it."""
 
     layers: int = Field(ge=1, le=1024, description="Transformer blocks.")
-    hidden_size: int = Field(ge=1, le=131072)
+    hidden_size: int = Field(ge=1, le=131072, description="Width of the residual stream.")
     ffn_hidden_size: int = Field(ge=1, le=524288, description="Width of the MLP.")
-    attention_heads: int = Field(ge=1, le=1024)
+    attention_heads: int = Field(ge=1, le=1024, description="Attention (query) heads.")
     kv_heads: int | None = Field(
         default=None, ge=1, le=1024, description="Grouped-query KV heads; default: heads."
     )
-    vocab_size: int = Field(ge=1, le=4194304)
+    vocab_size: int = Field(ge=1, le=4194304, description="Tokens in the vocabulary.")
     sequence_length: int = Field(ge=1, le=1048576, description="Tokens per sequence.")
 
     RULES: ClassVar[tuple[Rule, ...]] = (
@@ -264,9 +335,10 @@ class PlacementSpec(ApiModel):
 class CheckpointSpec(ApiModel):
     """Where and how often workers checkpoint.
 
-    ``volume`` names a PersistentVolumeClaim mounted at ``path``; ``uri`` is for storage the
-    trainer reaches itself. Neither: an emptyDir, which survives a resize but not the loss
-    of a node.
+    ``volume`` names a PersistentVolumeClaim every worker mounts at ``path``; ``uri`` names an
+    object store prefix (``s3://``) every worker writes to through the network. Neither: each
+    pod gets an emptyDir of its own, which does not survive the pod (a restart, a resize or a
+    lost node starts again from step 0); so only a job of one replica may leave both unset.
     """
 
     volume: str | None = Field(
@@ -274,9 +346,25 @@ class CheckpointSpec(ApiModel):
         min_length=1,
         max_length=253,
         pattern=DNS_SUBDOMAIN,
-        description="PersistentVolumeClaim holding the checkpoints.",
+        description=(
+            "PersistentVolumeClaim holding the checkpoints, mounted by every worker: "
+            "ReadWriteMany when workers span nodes."
+        ),
     )
-    uri: str | None = Field(default=None, max_length=2048, pattern=URI)
+    uri: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=URI,
+        description=(
+            "Object storage for the checkpoints, s3://BUCKET[/PREFIX] (S3 or an S3-compatible "
+            "server): elastra_worker's Session and the reference trainer write each job under "
+            "PREFIX/JOB (the job's name) and resume from there, instead of path. Credentials and "
+            "endpoint come from the worker's environment: AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY (e.g. from a Secret through spec.worker.template env or "
+            "envFrom), AWS_ENDPOINT_URL for a server other than AWS. Other schemes, a missing "
+            "bucket or missing credentials fail the job at start (exit 2)."
+        ),
+    )
     path: str = Field(
         default="/checkpoints",
         min_length=1,
@@ -284,7 +372,12 @@ class CheckpointSpec(ApiModel):
         pattern=ABSOLUTE_PATH,
         description="Absolute path of the checkpoint root inside the worker.",
     )
-    interval_seconds: int = Field(default=600, ge=10, le=86400)
+    interval_seconds: int = Field(
+        default=600,
+        ge=10,
+        le=86400,
+        description="Seconds between periodic checkpoints (a resize also checkpoints first).",
+    )
     keep: int = Field(default=3, ge=1, le=100, description="Committed checkpoints kept.")
 
     RULES: ClassVar[tuple[Rule, ...]] = (
@@ -292,6 +385,12 @@ class CheckpointSpec(ApiModel):
             cel="!(has(self.volume) && has(self.uri))",
             message="set volume or uri, not both",
             check=lambda c: not (c.volume is not None and c.uri is not None),
+            field=".uri",
+        ),
+        Rule(
+            cel="!has(self.uri) || self.uri.startsWith('s3://')",
+            message="uri must be s3://BUCKET[/PREFIX]: the worker image has an S3 client only",
+            check=lambda c: c.uri is None or c.uri.startswith("s3://"),
             field=".uri",
         ),
         immutable("volume", "the running world's checkpoints live there", parent="checkpoint."),
@@ -303,8 +402,18 @@ class CheckpointSpec(ApiModel):
 class FailurePolicySpec(ApiModel):
     """How worker failures are retried before the job is Failed."""
 
-    max_restarts: int = Field(default=10, ge=0, le=10000)
-    backoff_seconds: int = Field(default=10, ge=0, le=3600)
+    max_restarts: int = Field(
+        default=10,
+        ge=0,
+        le=10000,
+        description="Worker failures retried (each a new world) before the job is Failed.",
+    )
+    backoff_seconds: int = Field(
+        default=10,
+        ge=0,
+        le=3600,
+        description="Seconds after a failure resize before new pods are created.",
+    )
     permanent_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
         default_factory=lambda: [2],
         max_length=32,
@@ -312,13 +421,32 @@ class FailurePolicySpec(ApiModel):
     )
 
 
+def _bitwise_is_data_parallel(spec: TrainingJobSpec) -> bool:
+    if spec.training.consistency != Consistency.BITWISE:
+        return True
+    return spec.parallelism.tensor in {None, 1} and spec.parallelism.pipeline in {None, 1}
+
+
 def _tensor_fits_worker(spec: TrainingJobSpec) -> bool:
     tensor = spec.parallelism.tensor
     if tensor is None:
         return True
-    if spec.worker.gpus == 0:
-        return tensor == 1
-    return spec.worker.gpus % tensor == 0
+    return spec.worker.ranks_per_pod % tensor == 0
+
+
+def _mounts_clear_of_checkpoints(spec: TrainingJobSpec) -> bool:
+    """The template's worker mounts stay off the checkpoint path (two mounts cannot share it)."""
+    template = spec.worker.template
+    worker = template.worker_additions() if template else None
+    mounts = worker.volume_mounts or [] if worker else []
+    return all(m.mount_path != spec.checkpoint.path for m in mounts)
+
+
+def _checkpoints_shared(spec: TrainingJobSpec) -> bool:
+    """Several pods must share their checkpoints, or a new world cannot load the last one."""
+    if spec.checkpoint.volume is not None or spec.checkpoint.uri is not None:
+        return True
+    return spec.replicas == 1 and (spec.max_replicas is None or spec.max_replicas == 1)
 
 
 class TrainingJobSpec(ApiModel):
@@ -343,7 +471,35 @@ class TrainingJobSpec(ApiModel):
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
-    suspend: bool = Field(default=False, description="Checkpoint and stop every worker.")
+    suspend: bool = Field(
+        default=False,
+        description=(
+            "Checkpoint and stop every worker. A job labelled kueue.x-k8s.io/queue-name is held "
+            "the same way until Kueue admits its Workload, and again while Kueue evicts it "
+            "(docs/kueue.md)."
+        ),
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_LIFETIME_SECONDS,
+        description=(
+            "Seconds after the job ends (Succeeded or Failed) when the operator deletes the "
+            "TrainingJob, its pods and its Kueue Workload with it; checkpoints on volumes are "
+            "never deleted. Unset: the job is kept until deleted by hand."
+        ),
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_LIFETIME_SECONDS,
+        description=(
+            "Seconds the job may run, counted from status.startTime (reset when it resumes "
+            "from a suspension or a Kueue eviction, as for a Job). Past it every worker is "
+            "told to checkpoint and stop, as for suspend, and the job ends Failed with reason "
+            "DeadlineExceeded. Unset: no deadline."
+        ),
+    )
 
     RULES: ClassVar[tuple[Rule, ...]] = (
         Rule(
@@ -361,12 +517,13 @@ class TrainingJobSpec(ApiModel):
         Rule(
             cel=(
                 "!has(self.parallelism.tensor) || "
-                "(self.worker.gpus == 0 ? self.parallelism.tensor == 1 : "
-                "self.worker.gpus % self.parallelism.tensor == 0)"
+                "(self.worker.gpus == 0 ? "
+                "(has(self.worker.cpuRanks) ? self.worker.cpuRanks : 1) : self.worker.gpus)"
+                " % self.parallelism.tensor == 0"
             ),
             message=(
                 "parallelism.tensor must divide worker.gpus (a tensor-parallel group stays "
-                "inside one pod); a CPU job allows only tensor: 1"
+                "inside one pod); a CPU job: it must divide worker.cpuRanks"
             ),
             check=_tensor_fits_worker,
             field=".parallelism.tensor",
@@ -397,8 +554,50 @@ class TrainingJobSpec(ApiModel):
             ),
             field=".parallelism.pipeline",
         ),
+        Rule(
+            cel=(
+                "self.training.consistency != 'bitwise' || "
+                "((!has(self.parallelism.tensor) || self.parallelism.tensor == 1) && "
+                "(!has(self.parallelism.pipeline) || self.parallelism.pipeline == 1))"
+            ),
+            message=(
+                "training.consistency: bitwise is data parallel only: parallelism.tensor and "
+                "parallelism.pipeline must be 1"
+            ),
+            check=_bitwise_is_data_parallel,
+            field=".parallelism",
+        ),
         immutable(
             "model",
             "a checkpoint of one architecture cannot load into another; create a new job",
+        ),
+        Rule(
+            cel=(
+                "has(self.checkpoint.volume) || has(self.checkpoint.uri) || "
+                "(self.replicas == 1 && (!has(self.maxReplicas) || self.maxReplicas == 1))"
+            ),
+            message=(
+                "checkpoint.volume (a PersistentVolumeClaim every worker mounts) or "
+                "checkpoint.uri is required when replicas or maxReplicas is above 1: without "
+                "them each pod checkpoints to an emptyDir of its own, which the other pods "
+                "cannot read and which is lost with the pod, so every resize restarts at step 0"
+            ),
+            check=_checkpoints_shared,
+            field=".checkpoint",
+        ),
+        Rule(
+            cel=(
+                "!has(self.worker.template) || !has(self.worker.template.spec) || "
+                "!has(self.worker.template.spec.containers) || "
+                "self.worker.template.spec.containers.all(c, c.name != 'worker' || "
+                "!has(c.volumeMounts) || "
+                "c.volumeMounts.all(m, m.mountPath != self.checkpoint.path))"
+            ),
+            message=(
+                "the worker container's volumeMounts may not use checkpoint.path: Elastra "
+                "mounts the checkpoints there"
+            ),
+            check=_mounts_clear_of_checkpoints,
+            field=".worker.template",
         ),
     )

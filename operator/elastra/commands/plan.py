@@ -118,7 +118,11 @@ def render_table(result: PlanResult, inventory: Inventory, *, title: str) -> str
 def _describe(plan: Plan) -> list[str]:
     p = plan.predicted
     replicas = " + ".join(f"{s.replicas}x{s.gpu_type}" for s in plan.types)
-    shares = ", ".join(f"{s.batch_share} per {s.gpu_type} replica" for s in plan.types)
+    shares = ", ".join(
+        "/".join(str(n) for n in sorted(set(s.replica_shares), reverse=True))
+        + f" per {s.gpu_type} replica"
+        for s in plan.types
+    )
     breakdown = " | ".join(f"{name} {seconds:.3g}s" for name, seconds in p.breakdown)
     if p.bottleneck == NO_MODEL:
         predicted = (

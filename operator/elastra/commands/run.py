@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import re
 from datetime import timedelta
 from typing import Any
 
-from elastra.controller.settings import OperatorSettings, Toleration
+from elastra.api.formats import DNS_LABEL, SIZE, is_zero_size
+from elastra.controller.settings import OperatorSettings, PodPeer, Toleration
 from elastra.elastic.resize import ResizePolicy
 from elastra.errors import UserError
-from elastra.kube.config import load_connection
+from elastra.kube import resources
+from elastra.kube.client import Kube, RetryPolicy
+from elastra.kube.config import Connection, load_connection
 
 
 def register(sub: Any) -> None:
@@ -24,6 +29,7 @@ def register(sub: Any) -> None:
         ),
     )
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG)")
+    parser.add_argument("--context", help="kubeconfig context (default: its current-context)")
     parser.add_argument("--namespace", help="watch one namespace (default: all)")
     parser.add_argument(
         "--toleration",
@@ -103,9 +109,88 @@ def register(sub: Any) -> None:
         help="namespace of the elastra-operator Lease (default: $POD_NAMESPACE, else the "
         "kubeconfig's namespace); only the Lease holder writes",
     )
+    parser.add_argument(
+        "--no-create-lease",
+        dest="create_lease",
+        action="store_false",
+        help="never create the Lease, only take and renew it: whoever installed the operator "
+        "owns it (the Helm chart does, so that helm uninstall removes it)",
+    )
+    parser.add_argument(
+        "--no-network-policy",
+        dest="network_policy",
+        action="store_false",
+        help="create no NetworkPolicy per job (for CNIs that enforce none, or users who "
+        "manage their own); by default a job's workers accept traffic only from their job and, "
+        "on the metrics port, from the operator's pods",
+    )
+    parser.add_argument(
+        "--operator-pod-labels",
+        default=os.environ.get(OPERATOR_LABELS_ENV, ""),
+        metavar="K=V,...",
+        help="labels of the operator's pods, let in to the workers' metrics port by the "
+        f"NetworkPolicy, in the namespace $POD_NAMESPACE (default: ${OPERATOR_LABELS_ENV}, "
+        "which the chart sets; empty: no pod is, as for an operator outside the cluster)",
+    )
+    parser.add_argument(
+        "--metrics-peer",
+        action="append",
+        default=[],
+        type=parse_peer,
+        metavar="NAMESPACE[/K=V,...]",
+        help="also let these pods in to the workers' metrics port (repeatable), e.g. "
+        "monitoring/app.kubernetes.io/name=prometheus; no labels: every pod of the namespace",
+    )
+    parser.add_argument(
+        "--worker-tmp-size",
+        type=_size,
+        default=OperatorSettings.worker_tmp_size,
+        metavar="QUANTITY",
+        help="sizeLimit of each worker's /tmp, where HOME and torch's caches live: the root "
+        f"file system is read-only (default {OperatorSettings.worker_tmp_size})",
+    )
     parser.add_argument("--log-format", choices=["json", "plain"], default="json")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.set_defaults(handler=run)
+
+
+OPERATOR_LABELS_ENV = "ELASTRA_OPERATOR_POD_LABELS"
+
+
+def _size(text: str) -> str:
+    """A Kubernetes quantity of bytes such as 512Mi or 2Gi (argparse reports the error)."""
+    if not re.match(SIZE, text) or is_zero_size(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 512Mi or 2Gi")
+    return text
+
+
+def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
+    """``k=v,k=v`` (empty: none) as pairs; ``ValueError`` names what is wrong."""
+    pairs = [item.partition("=") for item in text.split(",")] if text else []
+    if any(not key or not eq for key, eq, _ in pairs):
+        raise ValueError(f"labels {text!r}: expected KEY=VALUE[,KEY=VALUE...]")
+    return tuple((key, value) for key, _, value in pairs)
+
+
+def parse_peer(text: str) -> PodPeer:
+    """``namespace[/k=v,k=v]``: a namespace name holds no slash, so the first one splits."""
+    namespace, _, labels = text.partition("/")
+    if not re.match(DNS_LABEL, namespace):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAMESPACE[/KEY=VALUE,...]")
+    try:
+        return PodPeer(namespace=namespace, labels=parse_labels(labels))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: {err}") from None
+
+
+def metrics_peers(args: argparse.Namespace, namespace: str | None) -> tuple[PodPeer, ...]:
+    """The operator's own pods (when it knows its namespace and labels), then ``--metrics-peer``."""
+    try:
+        labels = parse_labels(args.operator_pod_labels)
+    except ValueError as err:
+        raise UserError(f"--operator-pod-labels: {err}") from None
+    own = (PodPeer(namespace=namespace, labels=labels),) if namespace and labels else ()
+    return (*own, *args.metrics_peer)
 
 
 def parse_toleration(text: str) -> Toleration:
@@ -119,6 +204,12 @@ def parse_toleration(text: str) -> Toleration:
             "NoSchedule, PreferNoSchedule, NoExecute"
         )
     return Toleration(key=key, value=value if has_value else None, effect=effect)
+
+
+async def _check_reachable(connection: Connection) -> None:
+    """Fail at startup with one line (``UnreachableError``), not Kopf retrying in its logs."""
+    async with Kube(connection, retry=RetryPolicy(attempts=3, budget_s=10.0)) as kube:
+        await resources.server_version(kube)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,13 +229,18 @@ def run(args: argparse.Namespace) -> int:
             cooldown=timedelta(seconds=args.cooldown_seconds),
             retire_timeout=timedelta(seconds=args.retire_timeout_seconds),
         ),
+        network_policy=args.network_policy,
+        metrics_peers=metrics_peers(args, os.environ.get("POD_NAMESPACE")),
+        worker_tmp_size=args.worker_tmp_size,
     )
-    connection = load_connection(args.kubeconfig)
+    connection = load_connection(args.kubeconfig, context=args.context)
+    asyncio.run(_check_reachable(connection))
     options = RunOptions(
         connection=connection,
         lease_namespace=args.lease_namespace
         or os.environ.get("POD_NAMESPACE")
         or connection.namespace,
+        create_lease=args.create_lease,
         settings=settings,
         metrics_port=args.metrics_port,
         health_port=args.health_port,

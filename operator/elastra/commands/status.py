@@ -17,7 +17,7 @@ from elastra.api import TrainingJob, parse_trainingjob
 from elastra.errors import UserError
 from elastra.kube import resources
 from elastra.kube.client import Kube
-from elastra.kube.config import load_connection
+from elastra.kube.config import Connection, load_connection
 
 
 def register(sub: Any) -> None:
@@ -30,13 +30,14 @@ def register(sub: Any) -> None:
     parser.add_argument("name", help="TrainingJob name")
     parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG)")
+    parser.add_argument("--context", help="kubeconfig context (default: its current-context)")
     parser.add_argument("--output", "-o", choices=["text", "json"], default="text")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Fetch the job and its events and print them."""
-    connection = load_connection(args.kubeconfig)
+    connection = load_connection(args.kubeconfig, context=args.context)
     namespace = args.namespace or connection.namespace
     raw, events = asyncio.run(_fetch(connection, namespace, args.name))
     if raw is None:
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _fetch(
-    connection: Any, namespace: str, name: str
+    connection: Connection, namespace: str, name: str
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     async with Kube(connection) as kube:
         raw = await resources.get_job(kube, namespace, name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 
 from elastra.api import (
     Condition,
@@ -20,6 +21,46 @@ from elastra.api import (
     TrainingJobStatus,
 )
 from elastra.controller.observe import format_time
+
+
+class ConditionReason(StrEnum):
+    """Reasons the controller gives its conditions (and their Events), beyond the resize
+    decision's own (``elastra.elastic.resize.Reason``), a hold's (``admission``) and the
+    deadline's (``lifetime``). Users and alerts match on these strings: they are API."""
+
+    PLANNED = "Planned"
+    """Admitted: the planner found a plan (unless admission gave its own note)."""
+    UNPLACEABLE = "Unplaceable"
+    """Admitted False and Placed False: no node has a GPU type the job allows."""
+    PLACED = "Placed"
+    """Placed: every live pod is bound (the message counts them)."""
+    INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+    """Placed False: no live pod, and no plan fits the free capacity."""
+    UNSCHEDULABLE = "Unschedulable"
+    """Placed False: the scheduler found no node for a pod."""
+    BINDING = "Binding"
+    """Placed False: pods are on their way to their nodes."""
+    WORLD_RUNNING = "WorldRunning"
+    NOT_RUNNING = "NotRunning"
+    STEADY = "Steady"
+    """Resizing False."""
+    AT_DESIRED = "AtDesired"
+    """Degraded False."""
+    BELOW_DESIRED = "BelowDesired"
+    """Degraded: the world is smaller than ``replicas`` for lack of capacity."""
+    SIZE_UNFORMABLE = "WorldSizeUnformable"
+    """Degraded: no world of ``replicas`` pods can train this job, whatever the capacity (the
+    global batch does not split over that many replicas, memory); the message says why."""
+    ACTIVE = "Active"
+    """Suspended False."""
+    ALL_WORKERS_SUCCEEDED = "AllWorkersSucceeded"
+    NOT_FINISHED = "NotFinished"
+    PERMANENT_FAILURE = "PermanentFailure"
+    """Failed: a worker exited with a code in ``failurePolicy.permanentExitCodes``."""
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    """Failed: restarts would exceed ``failurePolicy.maxRestarts``."""
+    JOB_FAILED = "JobFailed"
+    """Running, Resizing and Suspended False once the job failed."""
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,33 @@
-"""Kopf wiring: watch TrainingJobs, their pods and the nodes; run one worker loop per job.
+"""The job loops, and what wakes them: the informers' changes and Kopf's Workload events.
 
 Each job gets one asyncio task that runs reconcile passes one after another, so passes over
-the same job never overlap; watch events only wake it. The task is started from the job's
-watch events (including the initial listing after a restart) rather than with
-``@kopf.daemon``, because Kopf puts a finalizer on any resource with daemons or timers, and
-a finalizer makes deleting a job wait for the operator. Nothing here adds a finalizer to a
-TrainingJob or a Pod, and no handler writes to a Node.
+the same job never overlap; changes only wake it, and every change that arrives while a pass
+runs is coalesced into one next pass. The task is started from the TrainingJobs informer
+(its first list after a restart included), not with ``@kopf.daemon``: Kopf puts a finalizer
+on any resource with daemons or timers, and a finalizer makes deleting a job wait for the
+operator. Nothing here adds a finalizer to a TrainingJob or a Pod, or writes to a Node.
 
-Node events wake every job only when something the planner reads changes (readiness,
-cordon, allocatable GPUs, labels, taints), not on every heartbeat.
+A pass runs only when something it reads changed or a timer it asked for fires (plus the
+``resync`` safety net, which reads the caches and so costs no request):
+
+- a job's own spec (its generation) changed;
+- one of its pods changed;
+- capacity changed: a node as the planner reads it (``slim_node``: readiness, cordon,
+  allocatable GPUs, labels, taints, Elastra's annotations; heartbeats are dropped by the
+  informer), or a pod went away or finished, which wakes every job;
+- Kueue admitted or evicted its Workload (a Kopf handler, watched only where Kueue's CRD is).
+
+A job's loop never ends on an error: a pass that fails is logged with the job's name (with
+the traceback when the error is not a plain API or network failure) and retried after a
+backoff that doubles from ``ERROR_BACKOFF_MIN`` to ``ERROR_BACKOFF_MAX``; a pass that succeeds
+resets it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -26,19 +35,30 @@ from typing import Any
 import aiohttp
 import kopf
 
-from elastra.api import GROUP, PLURAL, VERSION
 from elastra.controller import metrics
+from elastra.controller.admission import WORKLOAD_GROUP
 from elastra.controller.leader import LeaderElector
 from elastra.controller.manifests import LABEL_JOB
 from elastra.controller.progress import ProgressReader
-from elastra.controller.reconcile import ClusterSnapshot, reconcile, utc_now
+from elastra.controller.reconcile import reconcile, utc_now
 from elastra.controller.settings import OperatorSettings
-from elastra.kube.client import ApiError, Kube
+from elastra.controller.snapshot import ClusterSnapshot, job_of
+from elastra.kube.client import ApiError, JsonDict, Kube
+from elastra.kube.informer import key_of
 
 log = logging.getLogger("elastra.operator")
 
 JobKey = tuple[str, str]
-RETRY_AFTER_ERROR = timedelta(seconds=5)
+ERROR_BACKOFF_MIN = timedelta(seconds=1)
+ERROR_BACKOFF_MAX = timedelta(minutes=5)
+TRANSIENT_ERRORS = (ApiError, aiohttp.ClientError, TimeoutError)
+"""Failures of the API or the network: expected now and then, logged without a traceback."""
+
+
+def error_backoff(failures: int) -> timedelta:
+    """How long to wait after ``failures`` passes in a row failed: 1 s, 2 s, 4 s ... 5 min."""
+    doubled = ERROR_BACKOFF_MIN * (1 << min(max(failures - 1, 0), 30))
+    return min(doubled, ERROR_BACKOFF_MAX)
 
 
 @dataclass
@@ -59,7 +79,38 @@ class Runtime:
     leader: LeaderElector
     progress: ProgressReader | None = None
     loops: dict[JobKey, JobLoop] = field(default_factory=dict)
-    node_prints: dict[str, str] = field(default_factory=dict)
+
+    def listen(self) -> None:
+        """Let the snapshot's informers start, wake and stop the job loops."""
+        self.snapshot.jobs.listeners.append(self.on_job)
+        self.snapshot.pods.listeners.append(self.on_pod)
+        self.snapshot.nodes.listeners.append(self.on_node)
+
+    def on_job(self, kind: str, old: JsonDict | None, new: JsonDict | None) -> None:
+        """A TrainingJob appeared, changed or went away: start, wake or stop its loop."""
+        key = key_of(new or old or {})
+        if self.settings.namespace and key[0] != self.settings.namespace:
+            return  # another namespace's job: read for sharing, reconciled by its own operator
+        if kind == "DELETED" or new is None:
+            self.forget(key)
+            return
+        meta, status = new.get("metadata") or {}, new.get("status") or {}
+        if key not in self.loops or meta.get("generation") != status.get("observedGeneration"):
+            self.ensure(key)
+
+    def on_pod(self, kind: str, old: JsonDict | None, new: JsonDict | None) -> None:
+        """A worker pod changed: wake its job; a pod gone or finished frees capacity for all."""
+        job = job_of(new or old or {})
+        if job is not None:
+            self.poke(job)
+        if kind == "DELETED" or (_finished(new) and not _finished(old)):
+            self.poke_all()
+
+    def on_node(self, kind: str, old: JsonDict | None, new: JsonDict | None) -> None:
+        """A node changed as the planner reads it (the informer keeps only that), or left."""
+        if kind == "DELETED":
+            self.snapshot.node_lost(key_of(old or {})[1], utc_now())
+        self.poke_all()
 
     def ensure(self, key: JobKey) -> None:
         """Start the job's loop if it is not running, and wake it."""
@@ -77,13 +128,16 @@ class Runtime:
             loop.wake.set()
 
     def poke_all(self) -> None:
-        """Wake every job (capacity changed); their next pass lists the cluster afresh."""
-        self.snapshot.invalidate()
+        """Wake every job (capacity changed)."""
         for loop in self.loops.values():
             loop.wake.set()
 
     async def stop(self, key: JobKey) -> None:
         """Stop a deleted job's loop."""
+        self.forget(key)
+
+    def forget(self, key: JobKey) -> None:
+        """Stop a deleted job's loop and drop what was kept about it."""
         loop = self.loops.pop(key, None)
         if loop is not None:
             loop.task.cancel()
@@ -92,28 +146,52 @@ class Runtime:
         metrics.forget_job(*key)
 
     async def _run(self, key: JobKey, wake: asyncio.Event) -> None:
-        namespace, name = key
+        await self.snapshot.wait_synced()  # never plan from a half-filled cache
+        failures = 0
         while True:
             wake.clear()
             if not self.leader.leading:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), timeout=self.leader.renew.total_seconds())
                 continue
-            try:
-                delay = await reconcile(
-                    self.kube,
-                    self.snapshot,
-                    namespace,
-                    name,
-                    settings=self.settings,
-                    progress=self.progress,
-                )
-            except (ApiError, aiohttp.ClientError, TimeoutError) as err:
-                log.warning("job %s/%s: pass failed, retrying: %s", namespace, name, err)
-                delay = RETRY_AFTER_ERROR
+            delay = await self._pass(key, failures)
+            failures = 0 if delay is not None else failures + 1
+            if delay is None:  # failed: back off, and let no event shorten the wait
+                await asyncio.sleep(error_backoff(failures).total_seconds())
+                continue
             wait = min(delay or self.settings.resync, self.settings.resync)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=wait.total_seconds())
+
+    async def _pass(self, key: JobKey, failures: int) -> timedelta | None:
+        """One reconcile pass: its requested delay (or ``timedelta(0)``), None when it failed.
+
+        Any exception is caught here, on purpose: an unexpected one (a bug, a hostile object)
+        must not end the job's loop silently; it is logged with the traceback and retried.
+        """
+        namespace, name = key
+        try:
+            delay = await reconcile(
+                self.kube,
+                self.snapshot,
+                namespace,
+                name,
+                settings=self.settings,
+                progress=self.progress,
+            )
+        except TRANSIENT_ERRORS as err:
+            log.warning(
+                "job %s/%s: pass failed (%d in a row), retrying in %s: %s",
+                namespace, name, failures + 1, error_backoff(failures + 1), err,
+            )  # fmt: skip
+            return None
+        except Exception:
+            log.exception(
+                "job %s/%s: pass failed unexpectedly (%d in a row), retrying in %s",
+                namespace, name, failures + 1, error_backoff(failures + 1),
+            )  # fmt: skip
+            return None
+        return delay or timedelta(0)
 
 
 def runtime(memo: Any) -> Runtime:
@@ -123,61 +201,29 @@ def runtime(memo: Any) -> Runtime:
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    """Add Elastra's handlers to a Kopf registry (a fresh one per operator run)."""
-    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(job_event)
-    kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)(pod_event)
-    kopf.on.event("", "v1", "nodes", registry=registry)(node_event)
+    """Add Elastra's Kopf handlers to a registry (a fresh one per operator run).
+
+    Jobs, pods and nodes are watched by the snapshot's informers; Kopf watches Kueue's
+    Workloads, because it finds out whether their CRD is installed (and follows it if it is
+    installed later), and it runs peering and the liveness endpoint.
+    """
+    kopf.on.event(WORKLOAD_GROUP, "workloads", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)(
+        workload_event
+    )
 
 
-async def job_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    """A TrainingJob appeared, changed or went away: start, wake or stop its loop."""
-    body = event["object"]
-    meta = body.get("metadata") or {}
-    key = (meta.get("namespace", ""), meta.get("name", ""))
-    rt = runtime(memo)
-    if event.get("type") == "DELETED":
-        await rt.stop(key)
-        return
-    status = body.get("status") or {}
-    if key not in rt.loops or meta.get("generation") != status.get("observedGeneration"):
-        rt.ensure(key)
-
-
-async def pod_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    """A worker pod changed: wake its job; a pod gone frees capacity for every job."""
-    body = event["object"]
-    meta = body.get("metadata") or {}
+async def workload_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    """Kueue admitted, evicted or deleted a job's Workload: wake the job."""
+    meta = event["object"].get("metadata") or {}
     rt = runtime(memo)
     rt.poke((meta.get("namespace", ""), (meta.get("labels") or {}).get(LABEL_JOB, "")))
-    if event.get("type") == "DELETED":
-        rt.poke_all()
 
 
-async def node_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    """Wake every job when a node's capacity-relevant facts change."""
-    body = event["object"]
-    name = (body.get("metadata") or {}).get("name", "")
-    rt = runtime(memo)
-    if event.get("type") == "DELETED":
-        rt.node_prints.pop(name, None)
-        rt.snapshot.node_lost(name, utc_now())
-        rt.poke_all()
-        return
-    fingerprint = _node_fingerprint(body)
-    if rt.node_prints.get(name) != fingerprint:
-        rt.node_prints[name] = fingerprint
-        rt.poke_all()
-
-
-def _node_fingerprint(node: Mapping[str, Any]) -> str:
-    meta = node.get("metadata") or {}
-    status = node.get("status") or {}
-    ready = [c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"]
-    facts = {
-        "labels": meta.get("labels"),
-        "unschedulable": (node.get("spec") or {}).get("unschedulable"),
-        "taints": (node.get("spec") or {}).get("taints"),
-        "allocatable": status.get("allocatable"),
-        "ready": ready,
-    }
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+def _finished(pod: JsonDict | None) -> bool:
+    """The pod no longer holds its node's resources (it ended, or is being deleted)."""
+    if pod is None:
+        return False
+    phase = (pod.get("status") or {}).get("phase")
+    return phase in ("Succeeded", "Failed") or bool(
+        (pod.get("metadata") or {}).get("deletionTimestamp")
+    )

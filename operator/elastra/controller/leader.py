@@ -7,6 +7,13 @@ takes it over once ``duration`` has passed without renewal (a killed operator's 
 waits at most that long). Both writes carry the Lease's resourceVersion, so two operators
 racing for an expired Lease cannot both win.
 
+The Lease has one owner. Installed by the Helm chart, the chart creates it (so that
+``helm uninstall`` removes it) and the operator, started with ``--no-create-lease``, only takes
+and renews it: it may not even create Leases (the chart's Role grants get and update only).
+Before this, both created it, and on a quiet machine the operator pod started and created the
+Lease while Helm was still creating the release's objects, so ``helm install`` failed with
+"already exists". Run by hand (``elastra run``), the operator creates the Lease itself.
+
 The decision (``can_take``) is pure and clock-injected; ``LeaderElector`` does the I/O.
 """
 
@@ -66,8 +73,11 @@ class LeaderElector:
     me: str
     duration: timedelta = timedelta(seconds=15)
     renew: timedelta = timedelta(seconds=5)
+    create: bool = True
+    """Create the Lease when it is missing; ``False`` when the Helm chart owns it."""
     leading: bool = False
     _told: bool = False
+    _told_missing: bool = False
 
     async def run(self) -> None:
         """Loop forever (cancel to stop); never raises for API trouble, it just retries."""
@@ -82,6 +92,9 @@ class LeaderElector:
     async def try_acquire(self, now: datetime) -> bool:
         """One attempt to take or renew the Lease."""
         lease = await resources.get_lease(self.kube, self.namespace, LEASE_NAME)
+        if lease is None and not self.create:
+            self._missing()
+            return False
         if not can_take(lease, self.me, now):
             return False
         stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -117,6 +130,16 @@ class LeaderElector:
         spec = {**(lease.get("spec") or {}), "holderIdentity": None}
         with contextlib.suppress(ConflictError):
             await resources.replace_lease(self.kube, {**lease, "spec": spec})
+
+    def _missing(self) -> None:
+        if not self._told_missing:
+            self._told_missing = True
+            log.warning(
+                "lease %s/%s does not exist; the Helm chart creates it (this operator runs "
+                "with --no-create-lease): standing by until it does",
+                self.namespace,
+                LEASE_NAME,
+            )
 
     def _set(self, leading: bool) -> None:
         if leading != self.leading or not self._told:

@@ -1,4 +1,5 @@
-"""The objects Elastra creates for a job: worker pods, their assignments, a headless Service.
+"""The objects Elastra creates for a job: worker pods, their assignments, a headless Service
+and a NetworkPolicy.
 
 Pure functions from the parsed job and a decision to plain dicts; the reconciler compares
 them with what exists and sends only the difference. Choices a reader should know:
@@ -14,15 +15,38 @@ them with what exists and sends only the difference. Choices a reader should kno
   so the operator and the worker cannot disagree on the format. A downward-API volume shows
   the annotation to the pod; workers need no service-account token.
 - **Pod Security "restricted"**: non-root, no privilege escalation, all capabilities dropped,
-  RuntimeDefault seccomp.
+  RuntimeDefault seccomp, for every container; ``spec.worker.podSecurity: baseline`` keeps
+  that for the worker container only.
+- **A read-only root for the trainer**: the worker container cannot change its image; what it
+  writes goes to /tmp (a size-limited emptyDir that HOME, TMPDIR and torch's compiler caches
+  point into), the checkpoint volume or /dev/shm. The template may set HOME, TMPDIR and the
+  cache variables itself (its env wins over these defaults) and mount more writable volumes.
+- **Network isolation** (``network_policy``): a job's workers accept traffic from the pods of
+  their job only (rendezvous, the TCPStore, collectives: any port), and from the operator's
+  pods (and scrapers the installer names) on the metrics port. Egress stays open (object
+  storage, DNS). Policies are additive: a user may let more in with a policy of their own.
+- **The template** (``spec.worker.template``): its allow-listed fields are added to what
+  Elastra builds; the API server has already rejected any that Elastra owns. Elastra's own
+  labels, env and volumes come last, so they win a clash.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from elastra.api import API_VERSION, KIND, TrainingJob
+from elastra.api.formats import is_zero_size
+from elastra.api.podtemplate import (
+    WORKER_CONTAINER,
+    Affinity,
+    NodeAffinity,
+    PodSecurity,
+    PodTemplate,
+    TemplateContainer,
+    TemplateMetadata,
+)
 from elastra.controller.settings import GPU_TOLERATION, OperatorSettings
 from elastra_worker.assignment import Assignment, CheckpointSpec, Plan
 
@@ -35,8 +59,21 @@ ANNOTATION_GPU_TYPE = "elastra.dev/gpu-type"
 ANNOTATION_RETIRED = "elastra.dev/retired-at"
 GANG_GATE = "elastra.dev/gang"
 ASSIGNMENT_DIR = "/etc/elastra"
-WORKER_CONTAINER = "worker"
+SHM_VOLUME = "dshm"
+TMP_VOLUME = "tmp"
+TMP_DIR = "/tmp"
 WORKER_UID = 1000
+SCRATCH_ENV = (
+    ("HOME", TMP_DIR),
+    ("TMPDIR", TMP_DIR),
+    # torch's default names the user (getpass), which fails for a uid the image does not list.
+    ("TORCHINDUCTOR_CACHE_DIR", f"{TMP_DIR}/torchinductor"),
+    ("TRITON_CACHE_DIR", f"{TMP_DIR}/triton"),
+)
+"""Where the trainer's scratch files and caches go, the root file system being read-only; set
+only where the job's own env does not name the variable."""
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+"""Set on every namespace by the API server (1.22+): selects the operator's namespace by name."""
 
 
 def pod_name(job: str, slot: int) -> str:
@@ -69,11 +106,12 @@ def assignment_json(
 ) -> str:
     """The ``elastra.dev/assignment`` annotation: in a world (``rank``), waiting, or stopping."""
     spec = job.spec
-    local = max(spec.worker.gpus, 1)
+    local = spec.worker.ranks_per_pod
     checkpoint = CheckpointSpec(
         path=spec.checkpoint.path,
         interval_seconds=spec.checkpoint.interval_seconds,
         keep=spec.checkpoint.keep,
+        uri=spec.checkpoint.uri or "",
     )
     if rank is None:
         rank = RankSpec(rank=0, world_size=0, master_addr="", plan=Plan(dp=1))
@@ -127,6 +165,41 @@ def headless_service(job: TrainingJob) -> dict[str, Any]:
     }
 
 
+def network_policy(service: dict[str, Any], settings: OperatorSettings) -> dict[str, Any] | None:
+    """The job's NetworkPolicy, or ``None`` where the operator is told to create none.
+
+    Built from the job's headless Service so that both select the same pods and have the same
+    owner (the job: deleting it deletes the policy). Without ``metrics_peers`` (an operator
+    outside the cluster, no scraper named) the metrics rule is left out: no pod is let in.
+    """
+    if not settings.network_policy:
+        return None
+    meta = service["metadata"]
+    workers = {"matchLabels": dict(service["spec"]["selector"])}
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": workers}]}]
+    if settings.metrics_peers:
+        peers = [
+            {
+                "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: peer.namespace}},
+                "podSelector": {"matchLabels": dict(peer.labels)},
+            }
+            for peer in settings.metrics_peers
+        ]
+        ports = [{"protocol": "TCP", "port": settings.metrics_port}]
+        ingress.append({"from": peers, "ports": ports})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "labels": dict(meta["labels"]),
+            "ownerReferences": list(meta["ownerReferences"]),
+        },
+        "spec": {"podSelector": workers, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
 def worker_pod(
     job: TrainingJob,
     *,
@@ -137,50 +210,14 @@ def worker_pod(
     version: int,
     settings: OperatorSettings,
 ) -> dict[str, Any]:
-    """A gated worker pod pinned to ``node``, carrying its assignment."""
-    spec = job.spec
+    """A gated worker pod pinned to ``node``, carrying its assignment, with the template merged.
+
+    Elastra's own labels and annotations are written after the template's, so they win even
+    where the API server's rules would not have caught a clash.
+    """
+    template = job.spec.worker.template or PodTemplate()
+    extra = template.metadata or TemplateMetadata()
     name = pod_name(job.metadata.name, slot)
-    gpus = spec.worker.gpus
-    requests = dict(spec.worker.resources.requests)
-    limits = dict(spec.worker.resources.limits)
-    tolerations = [t.to_wire() for t in settings.tolerations]
-    if gpus:
-        requests["nvidia.com/gpu"] = str(gpus)
-        limits["nvidia.com/gpu"] = str(gpus)
-        tolerations.append(GPU_TOLERATION.to_wire())
-    env: list[dict[str, Any]] = [{"name": e.name, "value": e.value} for e in spec.worker.env]
-    env += [
-        {"name": "ELASTRA_ASSIGNMENT_FILE", "value": f"{ASSIGNMENT_DIR}/assignment"},
-        {"name": "ELASTRA_METRICS_PORT", "value": str(settings.metrics_port)},
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-    ]
-    checkpoint_volume: dict[str, Any] = (
-        {"persistentVolumeClaim": {"claimName": spec.checkpoint.volume}}
-        if spec.checkpoint.volume
-        else {"emptyDir": {}}
-    )
-    container: dict[str, Any] = {
-        "name": WORKER_CONTAINER,
-        "image": spec.worker.image,
-        "imagePullPolicy": "IfNotPresent",
-        "env": env,
-        "resources": {"requests": requests, "limits": limits},
-        "ports": [{"name": "metrics", "containerPort": settings.metrics_port}],
-        "volumeMounts": [
-            {"name": "assignment", "mountPath": ASSIGNMENT_DIR, "readOnly": True},
-            {"name": "checkpoints", "mountPath": spec.checkpoint.path},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "runAsNonRoot": True,
-        },
-    }
-    if spec.worker.command:
-        container["command"] = list(spec.worker.command)
-    if spec.worker.args:
-        container["args"] = list(spec.worker.args)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -188,6 +225,7 @@ def worker_pod(
             "name": name,
             "namespace": job.metadata.namespace,
             "labels": {
+                **extra.labels,
                 LABEL_JOB: job.metadata.name,
                 LABEL_SLOT: str(slot),
                 LABEL_WORLD: str(version),
@@ -195,58 +233,227 @@ def worker_pod(
                 "app.kubernetes.io/managed-by": "elastra",
             },
             "annotations": {
+                **extra.annotations,
                 ANNOTATION_ASSIGNMENT: assignment,
                 ANNOTATION_NODE: node,
                 ANNOTATION_GPU_TYPE: gpu_type,
             },
             "ownerReferences": [owner_reference(job)],
         },
-        "spec": {
-            "restartPolicy": "Never",
-            "hostname": name,
-            "subdomain": job.metadata.name,
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False,
-            "terminationGracePeriodSeconds": settings.termination_grace_seconds,
-            "schedulingGates": [{"name": GANG_GATE}],
-            "affinity": {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchFields": [
-                                    {"key": "metadata.name", "operator": "In", "values": [node]}
-                                ]
-                            }
-                        ]
-                    }
+        "spec": _pod_spec(job, template, name=name, node=node, settings=settings),
+    }
+
+
+def _pod_spec(
+    job: TrainingJob,
+    template: PodTemplate,
+    *,
+    name: str,
+    node: str,
+    settings: OperatorSettings,
+) -> dict[str, Any]:
+    """Elastra's pod spec with the template's allow-listed fields added."""
+    extra = template.pod_spec()
+    restricted = job.spec.worker.pod_security == PodSecurity.RESTRICTED
+    sidecars = [_sidecar(c, restricted=restricted) for c in template.sidecars()]
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": name,
+        "subdomain": job.metadata.name,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": settings.termination_grace_seconds,
+        "schedulingGates": [{"name": GANG_GATE}],
+        "affinity": _affinity(node, extra.affinity),
+        "tolerations": [*_tolerations(job, settings), *(t.to_wire() for t in extra.tolerations)],
+        "securityContext": _pod_security_context(restricted=restricted),
+        "containers": [_worker_container(job, template.worker_additions(), settings), *sidecars],
+        "volumes": [*_elastra_volumes(job, settings), *(v.to_wire() for v in extra.volumes)],
+    }
+    if extra.init_containers:
+        spec["initContainers"] = [_sidecar(c, restricted=restricted) for c in extra.init_containers]
+    if extra.node_selector:
+        spec["nodeSelector"] = dict(extra.node_selector)
+    if extra.priority_class_name:
+        spec["priorityClassName"] = extra.priority_class_name
+    if extra.service_account_name:
+        spec["serviceAccountName"] = extra.service_account_name
+    if extra.image_pull_secrets:
+        spec["imagePullSecrets"] = [s.to_wire() for s in extra.image_pull_secrets]
+    return spec
+
+
+def _tolerations(job: TrainingJob, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """The operator's configured tolerations, and the GPU taint's for GPU jobs."""
+    tolerations = [t.to_wire() for t in settings.tolerations]
+    if job.spec.worker.gpus:
+        tolerations.append(GPU_TOLERATION.to_wire())
+    return tolerations
+
+
+def _affinity(node: str, extra: Affinity | None) -> dict[str, Any]:
+    """The pin to ``node``, ANDed into each of the template's required node terms.
+
+    Node selector terms are ORed, so the pin cannot be one more term: each of the
+    template's terms gets the pin added to its ``matchFields`` instead, which reads "the
+    planned node, and it matches one of the template's terms".
+    """
+    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    node_affinity = (extra.node_affinity if extra else None) or NodeAffinity()
+    required = node_affinity.required_during_scheduling_ignored_during_execution
+    terms = required.node_selector_terms if required else [{}]
+    pinned: dict[str, Any] = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {**term, "matchFields": [pin, *term.get("matchFields", [])]} for term in terms
+            ]
+        }
+    }
+    if node_affinity.preferred_during_scheduling_ignored_during_execution:
+        pinned["preferredDuringSchedulingIgnoredDuringExecution"] = list(
+            node_affinity.preferred_during_scheduling_ignored_during_execution
+        )
+    affinity: dict[str, Any] = {"nodeAffinity": pinned}
+    if extra and extra.pod_affinity:
+        affinity["podAffinity"] = extra.pod_affinity
+    if extra and extra.pod_anti_affinity:
+        affinity["podAntiAffinity"] = extra.pod_anti_affinity
+    return affinity
+
+
+def _pod_security_context(*, restricted: bool) -> dict[str, Any]:
+    """restricted: the pod runs as the worker user with RuntimeDefault seccomp.
+
+    baseline: only ``fsGroup`` stays (volumes must be writable by the worker user); the
+    worker container carries the rest itself, so other containers are left alone.
+    """
+    if not restricted:
+        return {"fsGroup": WORKER_UID}
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": WORKER_UID,
+        "runAsGroup": WORKER_UID,
+        "fsGroup": WORKER_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container_security_context(*, worker: bool, restricted: bool) -> dict[str, Any] | None:
+    """What Pod Security "restricted" asks of each container; in baseline, of the worker only.
+
+    The worker's root file system is read-only in both: it is Elastra's container, and its
+    writable places are the volumes (see ``SCRATCH_ENV``). Sidecars are the user's, left so.
+    """
+    if not worker and not restricted:
+        return None
+    context: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+    }
+    if worker:
+        context["readOnlyRootFilesystem"] = True
+    if worker and not restricted:
+        context.update(
+            runAsUser=WORKER_UID,
+            runAsGroup=WORKER_UID,
+            seccompProfile={"type": "RuntimeDefault"},
+        )
+    return context
+
+
+def _worker_container(
+    job: TrainingJob, additions: TemplateContainer | None, settings: OperatorSettings
+) -> dict[str, Any]:
+    """The trainer's container: spec.worker's fields, the template's additions, then Elastra's."""
+    worker = job.spec.worker
+    requests = dict(worker.resources.requests)
+    limits = dict(worker.resources.limits)
+    if worker.gpus:
+        requests["nvidia.com/gpu"] = str(worker.gpus)
+        limits["nvidia.com/gpu"] = str(worker.gpus)
+    env: list[dict[str, Any]] = [{"name": e.name, "value": e.value} for e in worker.env]
+    env += [e.to_wire() for e in (additions.env if additions and additions.env else ())]
+    env += [
+        {"name": "ELASTRA_ASSIGNMENT_FILE", "value": f"{ASSIGNMENT_DIR}/assignment"},
+        {"name": "ELASTRA_METRICS_PORT", "value": str(settings.metrics_port)},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "ELASTRA_LAUNCH", "value": str(worker.launch)},
+        # The trainers size their thread pools by it (elastra_worker.cpushare), not by the node.
+        {
+            "name": "ELASTRA_CPU_MILLIS",
+            "valueFrom": {
+                "resourceFieldRef": {
+                    "containerName": WORKER_CONTAINER,
+                    "resource": "requests.cpu",
+                    "divisor": "1m",
                 }
             },
-            "tolerations": tolerations,
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": WORKER_UID,
-                "runAsGroup": WORKER_UID,
-                "fsGroup": WORKER_UID,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "containers": [container],
-            "volumes": [
-                {
-                    "name": "assignment",
-                    "downwardAPI": {
-                        "items": [
-                            {
-                                "path": "assignment",
-                                "fieldRef": {
-                                    "fieldPath": f"metadata.annotations['{ANNOTATION_ASSIGNMENT}']"
-                                },
-                            }
-                        ]
-                    },
-                },
-                {"name": "checkpoints", **checkpoint_volume},
-                {"name": "tmp", "emptyDir": {}},
-            ],
         },
+    ]
+    if job.spec.model is not None:  # the reference trainer builds its model from it
+        model = json.dumps(job.spec.model.to_wire(), sort_keys=True)
+        env.append({"name": "ELASTRA_MODEL", "value": model})
+    named = {e["name"] for e in env}
+    env += [{"name": k, "value": v} for k, v in SCRATCH_ENV if k not in named]
+    mounts = [
+        {"name": "assignment", "mountPath": ASSIGNMENT_DIR, "readOnly": True},
+        {"name": "checkpoints", "mountPath": job.spec.checkpoint.path},
+        {"name": TMP_VOLUME, "mountPath": TMP_DIR},
+    ]
+    if not is_zero_size(worker.shm_size):
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    if additions and additions.volume_mounts:
+        mounts += [m.to_wire() for m in additions.volume_mounts]
+    restricted = worker.pod_security == PodSecurity.RESTRICTED
+    container: dict[str, Any] = {
+        "name": WORKER_CONTAINER,
+        "image": worker.image,
+        "imagePullPolicy": "IfNotPresent",
+        "env": env,
+        "resources": {"requests": requests, "limits": limits},
+        "ports": [{"name": "metrics", "containerPort": settings.metrics_port}],
+        "volumeMounts": mounts,
+        "securityContext": _container_security_context(worker=True, restricted=restricted),
     }
+    if additions and additions.env_from:
+        container["envFrom"] = list(additions.env_from)
+    if worker.command:
+        container["command"] = list(worker.command)
+    if worker.args:
+        container["args"] = list(worker.args)
+    return container
+
+
+def _sidecar(container: TemplateContainer, *, restricted: bool) -> dict[str, Any]:
+    """A template container as given, with the security context Pod Security asks for."""
+    body = container.to_wire()
+    context = _container_security_context(worker=False, restricted=restricted)
+    if context is not None:
+        body["securityContext"] = context
+    return body
+
+
+def _elastra_volumes(job: TrainingJob, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """The assignment, the checkpoints, bounded scratch space and, unless sized 0, /dev/shm."""
+    checkpoint = job.spec.checkpoint
+    checkpoint_volume: dict[str, Any] = (
+        {"persistentVolumeClaim": {"claimName": checkpoint.volume}}
+        if checkpoint.volume
+        else {"emptyDir": {}}
+    )
+    assignment_field = f"metadata.annotations['{ANNOTATION_ASSIGNMENT}']"
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": "assignment",
+            "downwardAPI": {
+                "items": [{"path": "assignment", "fieldRef": {"fieldPath": assignment_field}}]
+            },
+        },
+        {"name": "checkpoints", **checkpoint_volume},
+        {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": settings.worker_tmp_size}},
+    ]
+    shm = job.spec.worker.shm_size
+    if not is_zero_size(shm):
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm}})
+    return volumes

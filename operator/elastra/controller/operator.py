@@ -1,4 +1,8 @@
-"""Start the operator: Kopf with Elastra's handlers, one identity, metrics and liveness.
+"""Start the operator: the informers, Kopf with Elastra's handlers, one identity, metrics
+and liveness.
+
+The informers (nodes, pods, TrainingJobs; see ``snapshot``) run as tasks beside Kopf and wake
+the job loops; Kopf runs the Workload handler, peering and the liveness endpoint.
 
 Kopf's own watch streams log in with the same credentials as Elastra's API client (a login
 handler hands Kopf the connection ``elastra.kube.config`` loaded), so the operator never
@@ -27,10 +31,11 @@ from prometheus_client import start_http_server
 from elastra.controller.handlers import Runtime, register
 from elastra.controller.leader import LeaderElector, identity
 from elastra.controller.progress import ProgressReader
-from elastra.controller.reconcile import ClusterSnapshot
 from elastra.controller.settings import OperatorSettings
+from elastra.controller.snapshot import ClusterSnapshot
 from elastra.kube.client import ApiError, Kube
 from elastra.kube.config import Connection
+from elastra.kube.credentials import REFRESH_MARGIN
 
 log = logging.getLogger("elastra.operator")
 
@@ -47,6 +52,8 @@ class RunOptions:
     priority: int = 0
     lease_namespace: str = "default"
     """Namespace of the ``elastra-operator`` Lease that picks the one writing operator."""
+    create_lease: bool = True
+    """Create that Lease if missing (``False``: the Helm chart owns it)."""
     json_logs: bool = True
     verbose: bool = False
 
@@ -65,16 +72,25 @@ def run(options: RunOptions, *, stop: asyncio.Event | None = None) -> None:
 async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> None:
     """The operator as a coroutine (tests run it in a thread with their own stop flag)."""
     kube = Kube(options.connection)
-    leader = LeaderElector(kube=kube, namespace=options.lease_namespace, me=identity())
+    leader = LeaderElector(
+        kube=kube, namespace=options.lease_namespace, me=identity(), create=options.create_lease
+    )
     progress = ProgressReader(options.settings)
+    snapshot = ClusterSnapshot.watching(
+        kube, watch_timeout_s=options.settings.watch_timeout.total_seconds()
+    )
     rt = Runtime(
         kube=kube,
         settings=options.settings,
-        snapshot=ClusterSnapshot(kube),
+        snapshot=snapshot,
         leader=leader,
         progress=progress,
     )
+    rt.listen()
     electing = asyncio.create_task(leader.run(), name="leader election")
+    informing = [
+        asyncio.create_task(i.run(), name=f"informer {i.path}") for i in snapshot.informers
+    ]
     registry = kopf.OperatorRegistry()
     register(registry)
     _register_login(registry, options.connection)
@@ -95,6 +111,8 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
         )
     finally:
         electing.cancel()
+        for task in informing:
+            task.cancel()
         with contextlib.suppress(ApiError, OSError):
             await leader.release()
         for key in list(rt.loops):
@@ -140,15 +158,30 @@ def _kopf_settings(options: RunOptions) -> kopf.OperatorSettings:
 
 
 def _register_login(registry: Any, connection: Connection) -> None:
+    """Kopf logs in with Elastra's credentials, renewed as they expire.
+
+    ``expiration`` makes Kopf call this again before an exec plugin's token dies; Kopf also
+    calls it after a 401. Any call after the first therefore means "these were refused or
+    are old": the credentials are invalidated, so an exec plugin runs again and a token file
+    is re-read.
+    """
+    calls = 0
+
     def login(**_: Any) -> kopf.ConnectionInfo:
-        token = connection.auth_headers().get("Authorization", "").removeprefix("Bearer ")
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            connection.credentials.invalidate()
+        identity = connection.credentials.identity()
         return kopf.ConnectionInfo(
             server=connection.server,
             ca_data=connection.ca_pem,
-            certificate_data=connection.client_cert_pem,
-            private_key_data=connection.client_key_pem,
-            token=token or None,
+            insecure=connection.insecure or None,
+            certificate_data=identity.cert_pem,
+            private_key_data=identity.key_pem,
+            token=identity.token,
             default_namespace=connection.namespace,
+            expiration=identity.expires - REFRESH_MARGIN if identity.expires else None,
         )
 
     kopf.on.login(registry=registry)(login)

@@ -6,10 +6,14 @@ checkpoint, world version) on ``settings.metrics_port``. The operator reads rank
 once per ``interval`` per job, and never a simulated pod's (nodes labelled with one of
 ``settings.skip_metrics_labels``, e.g. kwok's, whose pod addresses belong to nobody). A worker
 that does not answer leaves the last recorded progress in place.
+
+A worker is not trusted: a page larger than ``MAX_METRICS_BYTES`` is not read to the end (the
+sample is ignored), and values that are not finite counts are ignored (``parse_metrics``).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +26,32 @@ from elastra.controller.observe import WorkerProgress, parse_metrics, rank0_addr
 from elastra.controller.settings import OperatorSettings
 
 JsonDict = Mapping[str, Any]
+log = logging.getLogger(__name__)
+
+MAX_METRICS_BYTES = 1 << 20
+"""A worker's page is a few hundred bytes; reading stops (and the sample is ignored) past this."""
+_CHUNK = 64 << 10
+
+
+async def fetch_metrics(session: aiohttp.ClientSession, url: str) -> WorkerProgress | None:
+    """Rank 0's progress from ``url``; None when it does not answer 200 or sends too much.
+
+    Reads at most ``MAX_METRICS_BYTES`` (plus one chunk), so a broken or hostile worker cannot
+    make the operator hold its page in memory.
+    """
+    async with session.get(url) as reply:
+        if reply.status != 200:
+            return None
+        if (reply.content_length or 0) > MAX_METRICS_BYTES:
+            log.warning("%s: metrics page of %d bytes ignored", url, reply.content_length)
+            return None
+        body = bytearray()
+        async for chunk in reply.content.iter_chunked(_CHUNK):
+            body += chunk
+            if len(body) > MAX_METRICS_BYTES:
+                log.warning("%s: metrics page over %d bytes ignored", url, MAX_METRICS_BYTES)
+                return None
+    return parse_metrics(body.decode("utf-8", errors="replace"))
 
 
 @dataclass
@@ -53,10 +83,7 @@ class ProgressReader:
         host = f"[{address}]" if ":" in address else address
         url = f"http://{host}:{self.settings.metrics_port}/metrics"
         try:
-            async with self._session.get(url) as reply:
-                if reply.status != 200:
-                    return None, True
-                return parse_metrics(await reply.text()), True
+            return await fetch_metrics(self._session, url), True
         except (TimeoutError, aiohttp.ClientError, OSError):
             return None, True
 

@@ -33,6 +33,19 @@ GPU_TOLERATION = Toleration(key="nvidia.com/gpu")
 
 
 @dataclass(frozen=True)
+class PodPeer:
+    """Pods of one namespace with these labels (none: every pod of the namespace).
+
+    A job's NetworkPolicy lets such pods, and no others outside the job, reach the workers'
+    metrics port: the operator's own (it reads rank 0's /metrics to judge a resize; the chart
+    passes its release namespace and pod labels) and any scraper the installer lists.
+    """
+
+    namespace: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class OperatorSettings:
     """Knobs of one operator instance."""
 
@@ -45,9 +58,12 @@ class OperatorSettings:
 
     A safety net only: watch events on the job, its pods and the nodes wake a job, and every
     timed step of the policy (settle window, pending grace, cooldown, retire timeout, backoff)
-    asks for its own pass. Each pass reads the job and lists its pods, so 300 jobs resyncing
-    every 30 s spent most of what a small API server serves on polling.
+    asks for its own pass. A pass reads the informers' caches, so a resync costs CPU, not
+    API requests (it writes only what changed).
     """
+    watch_timeout: timedelta = timedelta(seconds=600)
+    """Each informer's watch asks the server to end it after between half this and this; it
+    is then reopened from where it was (one request). Bookmarks keep it resumable."""
     termination_grace_seconds: int = 120
     """Time a worker has to checkpoint after SIGTERM before it is killed."""
     master_port_base: int = 29500
@@ -61,3 +77,14 @@ class OperatorSettings:
     """What a resize costs (stop, checkpoint, restart, load) when weighing growth."""
     concurrency: int = 16
     """Requests in flight per pass when creating or patching many pods."""
+    network_policy: bool = True
+    """Create a NetworkPolicy per job that isolates its workers (off where the cluster's CNI
+    enforces none or the users manage their own)."""
+    metrics_peers: tuple[PodPeer, ...] = ()
+    """Pods let in to the workers' metrics port: the operator's own when it runs in the
+    cluster (outside, its reads come from no pod a policy can name), then Prometheus or other
+    scrapers the installer names."""
+    worker_tmp_size: str = "1Gi"
+    """sizeLimit of each worker's /tmp: the root file system is read-only, so scratch files,
+    HOME and the torch compiler caches live there, and a runaway writer is evicted instead of
+    filling the node's disk."""

@@ -19,7 +19,10 @@ from elastra.elastic.workers import WorkerState
 from elastra.planner.catalog import lookup, matches
 
 JsonDict = Mapping[str, Any]
-_LIVE = (WorkerState.READY, WorkerState.PENDING, WorkerState.GATED)
+_HELD = (WorkerState.READY, WorkerState.PENDING, WorkerState.GATED, WorkerState.TERMINATING)
+"""States of a pod that occupies its GPUs. A terminating pod still does (the scheduler will
+not place its successor until it is gone): counting it keeps a donor whose donated pod is
+still shutting down from giving a second one (before, a pass in that moment gave twice)."""
 
 
 def compatible(pattern: str, type_name: str) -> bool:
@@ -36,12 +39,16 @@ def desired(
     jobs: Sequence[JsonDict],
     cluster_pods: Sequence[JsonDict],
     *,
-    wanted: int,
     free: int,
     reserved: Sequence[JsonDict] = (),
 ) -> int:
-    """``wanted`` (the planned size), lowered while a starved job needs GPUs this job holds."""
-    held = sum(1 for f in facts.values() if f.view.state in _LIVE)
+    """``spec.replicas``, lowered while a starved job needs GPUs this job holds.
+
+    The size the user asked for, not the planner's: what the planner can place now is
+    ``decide``'s concern (``placeable``), and starting from a smaller planned size here would
+    make a job that is short of capacity also give GPUs away it never asked to give.
+    """
+    held = sum(1 for f in facts.values() if f.view.state in _HELD)
     placed = {p.gpu_type for p in job.status.placement if p.gpu_type}
     me = Claim(
         key=f"{job.metadata.namespace}/{job.metadata.name}",
@@ -104,6 +111,6 @@ def _live_pods(pods: Sequence[JsonDict]) -> Counter[str]:
         meta = pod.get("metadata") or {}
         job = (meta.get("labels") or {}).get(LABEL_JOB)
         phase = (pod.get("status") or {}).get("phase")
-        if job and not meta.get("deletionTimestamp") and phase not in ("Succeeded", "Failed"):
+        if job and phase not in ("Succeeded", "Failed"):  # terminating ones too: see _HELD
             counts[f"{meta.get('namespace', '')}/{job}"] += 1
     return counts

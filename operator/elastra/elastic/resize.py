@@ -1,11 +1,11 @@
 """The resize policy: keep the world, or form a new one of which pods, and why.
 
 A pure function of the spec's bounds, the current world, the state of every worker pod, the
-free capacity and an injected clock (STYLE.md items 3 and 6). The controller calls it on every
-pass and applies what it returns; because it re-derives everything from the observed state,
-a pass repeated after a crash decides the same thing.
+free capacity and an injected clock, so cooldowns are tested exactly. The controller calls it
+on every pass and applies what it returns; because it re-derives everything from the observed
+state, a pass repeated after a crash decides the same thing.
 
-The shape of the protocol it drives (DESIGN.md section 5):
+The shape of the protocol it drives (docs/architecture.md, "Assignment protocol"):
 - Pods are created as *standby* (in no world) and only pods that are Ready join a world, so a
   world never waits on an image pull and a half-placed world never holds a collective.
 - A world is a set of pods and a version; forming a new one is the only way membership

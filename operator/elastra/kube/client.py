@@ -6,14 +6,28 @@ does that with no generated model classes to convert, shares one connection pool
 event loop Kopf runs, counts every request (the scale benchmark reports requests per job)
 and maps HTTP failures onto a few typed errors the controller can act on: 409 means re-read
 and retry, 404 means it is gone, 422 means the server rejected our object.
+
+Answers that say "not now" are retried here, so no caller has to: 429 (API priority and
+fairness), 503 and 504 (including a list that asked for a resourceVersion the watch cache has
+not reached, "Too large resource version"), with exponential backoff that honours the server's
+Retry-After, within a bounded number of attempts and total time. A 401 asks the credentials
+for a fresh identity once (an exec plugin's token expired early, a rotated token file). A
+server that cannot be reached at all raises ``UnreachableError``, whose message names the address
+and the kubeconfig, so the CLI prints one line instead of a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
+import re
+import signal
+import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlencode
@@ -22,8 +36,16 @@ import aiohttp
 from prometheus_client import Counter as Metric
 
 from elastra.kube.config import Connection
+from elastra.kube.credentials import Identity
 
 JsonDict = dict[str, Any]
+log = logging.getLogger("elastra.kube")
+
+KILL_AFTER_WRITES_ENV = "ELASTRA_FAULT_KILL_AFTER_WRITES"
+"""Fault injection for tests: SIGKILL this process right after its N-th write of a pod or a
+TrainingJob returned (the reliability tests kill the operator at every step of a resize)."""
+_PROTOCOL_WRITE = re.compile(r"/(pods|trainingjobs)(/|$)")
+_WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
@@ -57,8 +79,49 @@ class InvalidError(ApiError):
     """422: the server rejected the object (admission, CEL, schema)."""
 
 
+class UnreachableError(ConnectionError):
+    """No connection to the API server at all (refused, no route, unknown host, TLS, timeout)."""
+
+    def __init__(self, connection: Connection, reason: str) -> None:
+        where = f" ({connection.source})" if connection.source else ""
+        super().__init__(
+            f"cannot reach the API server at {connection.server} ({reason}): "
+            f"is the cluster up?{where}"
+        )
+        self.server = connection.server
+        self.reason = reason
+
+
+RETRYABLE = frozenset({429, 503, 504})
+"""Statuses that mean "not now": throttled, unavailable, or a wait that timed out."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long to keep asking when the server says "not now" (injectable for tests)."""
+
+    attempts: int = 6
+    first_delay_s: float = 0.5
+    max_delay_s: float = 10.0
+    budget_s: float = 60.0
+    """No retry starts once this much time has passed since the first attempt."""
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+    def delay(self, attempt: int, retry_after: str | None) -> float:
+        """Seconds before attempt ``attempt + 1``: Retry-After if given, else doubling."""
+        backoff = min(self.max_delay_s, self.first_delay_s * 2.0 ** (attempt - 1))
+        if retry_after:
+            try:
+                return min(self.max_delay_s, max(0.0, float(retry_after)))
+            except ValueError:
+                pass  # an HTTP date: rare from the API server, fall back to our own backoff
+        return backoff
+
+
 API_ERRORS = Metric("elastra_api_errors_total", "Failed API requests", ["status"])
-API_REQUESTS = Metric("elastra_api_requests_total", "API requests made", ["verb"])
+API_REQUESTS = Metric("elastra_api_requests_total", "API requests made", ["verb", "resource"])
+MAX_WATCH_LINE = 16 << 20
+"""One watch event is one JSON line: a pod or job is kilobytes, so 16 MiB is a broken stream."""
 
 _ERRORS: dict[int, type[ApiError]] = {404: NotFoundError, 409: ConflictError, 422: InvalidError}
 
@@ -66,12 +129,23 @@ _ERRORS: dict[int, type[ApiError]] = {404: NotFoundError, 409: ConflictError, 42
 class Kube:
     """An open session to one API server. Use as ``async with Kube(connection) as kube``."""
 
-    def __init__(self, connection: Connection, *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        *,
+        timeout_s: float = 30.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         self.connection = connection
         self.requests: Counter[str] = Counter()
-        """Requests made, by verb: what the scale benchmark reports per job."""
+        """Requests made, by verb (retries included): what the scale benchmark reports."""
+        self.retry = retry or RetryPolicy()
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self._tls_identity: tuple[bytes | None, bytes | None] = (None, None)
+        self._retired: list[aiohttp.ClientSession] = []
+        self._kill_after = int(os.environ.get(KILL_AFTER_WRITES_ENV) or 0)
+        self._protocol_writes = 0
 
     async def __aenter__(self) -> Kube:
         self.open()
@@ -85,18 +159,29 @@ class Kube:
     ) -> None:
         await self.close()
 
-    def open(self) -> None:
-        """Create the connection pool (inside the running event loop)."""
+    def open(self, identity: Identity | None = None) -> aiohttp.ClientSession:
+        """The connection pool for ``identity``'s client certificate (inside the event loop).
+
+        A new certificate (an exec plugin's renewed one) needs a new TLS context, so a new pool;
+        the old one is closed with the client, not under requests still using it.
+        """
+        identity = identity or self.connection.credentials.identity()
+        tls = (identity.cert_pem, identity.key_pem)
+        if self._session is not None and tls != self._tls_identity:
+            self._retired.append(self._session)
+            self._session = None
         if self._session is None:
-            ssl_option: Any = self.connection.ssl_context or False
+            ssl_option: Any = self.connection.ssl_context(identity) or False
             connector = aiohttp.TCPConnector(ssl=ssl_option, limit=32)
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+            self._tls_identity = tls
+        return self._session
 
     async def close(self) -> None:
-        """Close the connection pool."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close the connection pools."""
+        for session in [*self._retired, *([self._session] if self._session else [])]:
+            await session.close()
+        self._session, self._retired = None, []
 
     async def request(
         self,
@@ -107,26 +192,123 @@ class Kube:
         params: Mapping[str, str] | None = None,
         content_type: str = "application/json",
     ) -> JsonDict:
-        """One API call; returns the decoded JSON body or raises a typed ``ApiError``."""
-        self.open()
-        assert self._session is not None
+        """One API call; returns the decoded JSON body or raises a typed ``ApiError``.
+
+        Retries 429/503/504 per ``self.retry`` and a 401 once with fresh credentials.
+        """
         url = self.connection.server + path
         if params:
             url += "?" + urlencode(params)
-        headers = {"Accept": "application/json", **self.connection.auth_headers()}
-        data = None
-        if body is not None:
-            headers["Content-Type"] = content_type
-            data = json.dumps(body)
-        self.requests[method] += 1
-        API_REQUESTS.labels(verb=method).inc()
-        async with self._session.request(method, url, data=data, headers=headers) as response:
-            text = await response.text()
-            if response.status >= 400:
-                if response.status not in {404, 409}:
-                    API_ERRORS.labels(status=str(response.status)).inc()
-                raise _error(response.status, text)
+        data = None if body is None else json.dumps(body)
+        started, refreshed = time.monotonic(), False
+        for attempt in range(1, self.retry.attempts + 1):
+            status, text, retry_after = await self._send(method, url, data, content_type)
+            if status == 401 and not refreshed:
+                self.connection.credentials.invalidate()
+                refreshed = True
+                continue
+            if status in RETRYABLE and attempt < self.retry.attempts:
+                delay = self.retry.delay(attempt, retry_after)
+                if time.monotonic() - started + delay <= self.retry.budget_s:
+                    why = _error(status, text)
+                    log.info("%s %s: %s; retry in %.1f s", method, path, why, delay)
+                    await self.retry.sleep(delay)
+                    continue
+            if status >= 400:
+                if status not in {404, 409}:
+                    API_ERRORS.labels(status=str(status)).inc()
+                raise _error(status, text)
+            self._count_write(method, path)
             return json.loads(text) if text else {}
+        raise _error(status, text)  # the last attempt was a 401 after a refresh
+
+    def _count_write(self, method: str, path: str) -> None:
+        """Count a pod or TrainingJob write; die after the N-th when a test asked for it."""
+        if not self._kill_after or method not in _WRITE_METHODS:
+            return
+        if _PROTOCOL_WRITE.search(path.split("?", 1)[0]):
+            self._protocol_writes += 1
+            if self._protocol_writes >= self._kill_after:
+                log.warning("fault injection: killed after write %d", self._protocol_writes)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    async def _send(
+        self, method: str, url: str, data: str | None, content_type: str
+    ) -> tuple[int, str, str | None]:
+        """One HTTP exchange: status, body, Retry-After; ``UnreachableError`` if no connection."""
+        identity = self.connection.credentials.identity()
+        session = self.open(identity)
+        headers = {"Accept": "application/json"}
+        if identity.token:
+            headers["Authorization"] = f"Bearer {identity.token}"
+        if data is not None:
+            headers["Content-Type"] = content_type
+        self._count(method, url)
+        try:
+            async with session.request(method, url, data=data, headers=headers) as response:
+                return response.status, await response.text(), response.headers.get("Retry-After")
+        except aiohttp.ClientConnectorError as err:
+            raise UnreachableError(self.connection, _unreachable_reason(err)) from err
+        except aiohttp.ConnectionTimeoutError as err:
+            raise UnreachableError(self.connection, "timed out connecting") from err
+
+    def _count(self, verb: str, url: str) -> None:
+        self.requests[verb] += 1
+        path = url.removeprefix(self.connection.server)
+        API_REQUESTS.labels(verb=verb, resource=resource_of(path)).inc()
+
+    async def watch(
+        self, path: str, params: Mapping[str, str], *, read_timeout_s: float
+    ) -> AsyncGenerator[JsonDict, None]:
+        """The events of one watch request, decoded, until the server ends the stream.
+
+        Counted as a request of verb ``WATCH`` when it is opened; the events that follow on the
+        open stream are not requests. ``read_timeout_s``: the longest silence before the stream
+        is taken as broken (the server sends bookmarks about once a minute). An error answer
+        raises the typed ``ApiError``; a 401 also invalidates the credentials, so the caller's
+        next attempt logs in afresh.
+        """
+        url = f"{self.connection.server}{path}?{urlencode(params)}"
+        identity = self.connection.credentials.identity()
+        session = self.open(identity)
+        headers = {"Accept": "application/json"}
+        if identity.token:
+            headers["Authorization"] = f"Bearer {identity.token}"
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=read_timeout_s)
+        self._count("WATCH", url)
+        try:
+            async with session.get(url, headers=headers, timeout=timeout) as response:
+                if response.status >= 400:
+                    if response.status == 401:
+                        self.connection.credentials.invalidate()
+                    raise _error(response.status, await response.text())
+                while line := await response.content.readline(max_line_length=MAX_WATCH_LINE):
+                    if line.strip():
+                        yield json.loads(line)
+        except aiohttp.ClientConnectorError as err:
+            raise UnreachableError(self.connection, _unreachable_reason(err)) from err
+
+    async def list_versioned(
+        self, path: str, *, label_selector: str | None = None, page_size: int = 500
+    ) -> tuple[list[JsonDict], str]:
+        """Every item of a collection and the list's resourceVersion (where a watch starts).
+
+        Pages after the first are served from the first page's snapshot (the ``continue``
+        token pins it), so the first page's resourceVersion describes the whole list.
+        """
+        items: list[JsonDict] = []
+        params: dict[str, str] = {"limit": str(page_size)}
+        if label_selector:
+            params["labelSelector"] = label_selector
+        version = ""
+        while True:
+            page = await self.request("GET", path, params=params)
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            version = version or str(meta.get("resourceVersion") or "")
+            if not meta.get("continue"):
+                return items, version
+            params["continue"] = meta["continue"]
 
     async def list(
         self,
@@ -188,6 +370,31 @@ class Kube:
         except NotFoundError:
             return False
         return True
+
+
+def resource_of(path: str) -> str:
+    """The resource a request is about (``pods``, ``leases``, ``trainingjobs``...), for metrics.
+
+    ``/api/v1/namespaces/ns/pods/p/status`` is ``pods``; ``/version`` is ``version``.
+    """
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    if parts[:1] == ["api"]:
+        parts = parts[2:]
+    elif parts[:1] == ["apis"]:
+        parts = parts[3:]
+    if parts[:1] == ["namespaces"] and len(parts) >= 3:
+        parts = parts[2:]
+    return parts[0] if parts else ""
+
+
+def _unreachable_reason(err: aiohttp.ClientConnectorError) -> str:
+    """A few words: "connection refused", "name or service not known", a TLS failure."""
+    if isinstance(err, aiohttp.ClientConnectorCertificateError):
+        return f"TLS: {err.certificate_error}"
+    code = err.os_error.errno
+    if isinstance(code, int) and code > 0:
+        return os.strerror(code).lower()
+    return str(err.os_error.strerror or err.os_error).lower()
 
 
 def _error(status: int, text: str) -> ApiError:

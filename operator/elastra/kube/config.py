@@ -1,11 +1,28 @@
-"""Where the API server is and how to prove who we are: kubeconfig or in-cluster credentials.
+"""Where the API server is and how to prove who we are: kubeconfigs or in-cluster credentials.
 
 The operator runs in a pod (service-account token and CA mounted by Kubernetes) or beside a
-cluster with a kubeconfig (``make cluster-up`` writes one). Both end as one ``Connection``:
-a base URL, an SSL context that trusts the cluster CA and carries any client certificate,
-and extra headers (a bearer token). Only what Elastra's own clusters and common clusters
-use is supported: client certificates, tokens and token files. A kubeconfig that needs an
-exec plugin is rejected with a message saying so, not half-used.
+cluster with the kubeconfig its user already has: ``make cluster-up``'s, or a GKE, EKS or AKS
+one, which authenticates through an exec plugin. Both end as one ``Connection``: a base URL,
+the cluster CA, and ``Credentials`` that say what to present on the next request.
+
+What is read, with kubectl's rules: ``--kubeconfig`` (one file), else every file of
+``$KUBECONFIG`` (colon-separated, missing files skipped; for clusters, contexts and users the
+first file that names an entry wins, and ``current-context`` comes from the first file that sets
+it), else the pod's service account, else ``~/.kube/config``. Users may hold a token, a
+``tokenFile``, a client certificate, an ``exec`` plugin (client.authentication.k8s.io/v1 and
+v1beta1) or an ``auth-provider`` with a static ``access-token`` (``id-token`` for oidc);
+auth-providers that must fetch or refresh a token themselves (gcp, azure, oidc refresh) are
+refused with a message naming the provider and the exec plugin that replaced it.
+
+Why Elastra keeps its own loader instead of a library's (checked: ``kubernetes`` 37, installed,
+and ``kubernetes_asyncio`` 36.1, the maintained async client): both loaders take
+``current-context`` from the *last* file of ``$KUBECONFIG`` (kubectl: the first), so the two
+would pick different clusters for the same shell; both hand back a ``Configuration`` meant for
+their generated ``ApiClient``, whose requests bypass ``Kube``'s request counting and typed errors,
+so the loader is all we would use and its exec refresh hooks only fire inside that client; the
+synchronous one runs plugins with no cache, blocking the event loop on every load; and neither
+is typed for ``mypy --strict``. The kubeconfig rules fit in this module and its tests; a library
+would add a dependency to the operator image for a part of it that we would then work around.
 """
 
 from __future__ import annotations
@@ -14,6 +31,7 @@ import base64
 import os
 import ssl
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +39,25 @@ from typing import Any
 import yaml
 
 from elastra.errors import UserError
+from elastra.kube.credentials import (
+    Clock,
+    Credentials,
+    ExecCredentials,
+    Identity,
+    StaticCredentials,
+    TokenFileCredentials,
+    parse_exec,
+    parse_time,
+    utc_now,
+)
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+REPLACEMENT_PLUGINS = {
+    "gcp": "gke-gcloud-auth-plugin",
+    "azure": "kubelogin",
+    "oidc": "kubelogin (oidc-login)",
+}
+"""The exec plugins that replaced the in-tree auth-providers (kubectl dropped those in 1.26)."""
 
 
 @dataclass(frozen=True)
@@ -30,123 +65,235 @@ class Connection:
     """How to reach and authenticate to one API server."""
 
     server: str
-    ssl_context: ssl.SSLContext | None
-    headers: dict[str, str] = field(default_factory=dict)
-    namespace: str = "default"
-    token_file: Path | None = None
-    """Re-read per request: projected service-account tokens rotate."""
+    credentials: Credentials = field(default_factory=StaticCredentials)
     ca_pem: bytes | None = None
-    client_cert_pem: bytes | None = None
-    client_key_pem: bytes | None = None
-    """Kept so that Kopf's own watch connections can log in with the same identity."""
+    insecure: bool = False
+    namespace: str = "default"
+    source: str = ""
+    """Where this came from ("kubeconfig PATH, context NAME"), for error messages."""
 
-    def auth_headers(self) -> dict[str, str]:
-        """Headers for the next request (a rotated token file is read again)."""
-        if self.token_file is None:
-            return self.headers
-        token = self.token_file.read_text().strip()
-        return {**self.headers, "Authorization": f"Bearer {token}"}
-
-
-def load_connection(kubeconfig: str | None = None, *, context: str | None = None) -> Connection:
-    """Credentials from ``kubeconfig`` (or $KUBECONFIG, ~/.kube/config), else in-cluster."""
-    path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
-    if path is None and not (SERVICE_ACCOUNT / "token").exists():
-        default = Path.home() / ".kube" / "config"
-        path = str(default) if default.exists() else None
-    if path is None:
-        return in_cluster_connection()
-    return kubeconfig_connection(Path(path), context=context)
+    def ssl_context(self, identity: Identity) -> ssl.SSLContext | None:
+        """TLS settings for requests presenting ``identity`` (None for plain http)."""
+        if not self.server.startswith("https://"):
+            return None
+        context = ssl.create_default_context()
+        if self.insecure:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if self.ca_pem is not None:
+            context.load_verify_locations(cadata=self.ca_pem.decode())
+        if identity.cert_pem is not None and identity.key_pem is not None:
+            _load_cert_chain(context, identity.cert_pem, identity.key_pem)
+        return context
 
 
-def in_cluster_connection() -> Connection:
-    """The pod's service account: token, CA and namespace mounted by Kubernetes."""
-    host = os.environ.get("KUBERNETES_SERVICE_HOST")
-    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    if not host or not (SERVICE_ACCOUNT / "token").exists():
+def load_connection(
+    kubeconfig: str | None = None,
+    *,
+    context: str | None = None,
+    env: Mapping[str, str] | None = None,
+    service_account: Path = SERVICE_ACCOUNT,
+    home: Path | None = None,
+    clock: Clock = utc_now,
+) -> Connection:
+    """Credentials from ``kubeconfig``, $KUBECONFIG, the pod's service account or ~/.kube/config.
+
+    ``env``, ``service_account`` and ``home`` default to the real ones (tests pass fakes).
+    """
+    env = os.environ if env is None else env
+    if kubeconfig:
+        return kubeconfig_connection([Path(kubeconfig).expanduser()], context=context, clock=clock)
+    listed = [Path(p).expanduser() for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if listed:
+        present = [p for p in listed if p.exists()]
+        if not present:
+            raise UserError(
+                "none of the KUBECONFIG files exist: " + ", ".join(str(p) for p in listed)
+            )
+        return kubeconfig_connection(present, context=context, clock=clock)
+    in_pod = bool(env.get("KUBERNETES_SERVICE_HOST")) and (service_account / "token").exists()
+    default = (home or Path(env.get("HOME") or Path.home())) / ".kube" / "config"
+    if default.exists() and (context is not None or not in_pod):
+        return kubeconfig_connection([default], context=context, clock=clock)
+    return in_cluster_connection(env=env, service_account=service_account)
+
+
+def in_cluster_connection(
+    *, env: Mapping[str, str] | None = None, service_account: Path = SERVICE_ACCOUNT
+) -> Connection:
+    """The pod's service account: token (re-read when kubelet rotates it), CA and namespace."""
+    env = os.environ if env is None else env
+    host = env.get("KUBERNETES_SERVICE_HOST")
+    port = env.get("KUBERNETES_SERVICE_PORT", "443")
+    if not host or not (service_account / "token").exists():
         raise UserError(
             "no kubeconfig: set KUBECONFIG or --kubeconfig, or run inside a pod "
             "with a service account"
         )
-    context = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
-    namespace = (SERVICE_ACCOUNT / "namespace").read_text().strip()
+    namespace_file = service_account / "namespace"
+    namespace = namespace_file.read_text().strip() if namespace_file.exists() else "default"
     bracketed = f"[{host}]" if ":" in host else host
     return Connection(
         server=f"https://{bracketed}:{port}",
-        ssl_context=context,
-        namespace=namespace,
-        token_file=SERVICE_ACCOUNT / "token",
-        ca_pem=(SERVICE_ACCOUNT / "ca.crt").read_bytes(),
+        credentials=TokenFileCredentials(service_account / "token"),
+        ca_pem=(service_account / "ca.crt").read_bytes(),
+        namespace=namespace or "default",
+        source=f"in-cluster service account {service_account}",
     )
 
 
-def kubeconfig_connection(path: Path, *, context: str | None = None) -> Connection:
-    """Credentials from one kubeconfig file."""
-    try:
-        config: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
-    except OSError as err:
-        raise UserError(f"{path}: cannot read kubeconfig: {err.strerror}") from None
-    except yaml.YAMLError:
-        raise UserError(f"{path}: kubeconfig is not valid YAML") from None
-    name = context or config.get("current-context")
-    ctx = _named(config, "contexts", name, path)["context"]
-    cluster = _named(config, "clusters", ctx.get("cluster"), path)["cluster"]
-    user = _named(config, "users", ctx.get("user"), path).get("user") or {}
-    base = path.parent
+@dataclass(frozen=True)
+class Entry:
+    """One named cluster, context or user, and the directory its relative paths start from."""
+
+    value: dict[str, Any]
+    base: Path
+    file: Path
+
+
+@dataclass
+class Kubeconfig:
+    """Several kubeconfig files merged as kubectl merges them."""
+
+    files: list[Path]
+    sections: dict[str, dict[str, Entry]] = field(default_factory=dict)
+    current_context: str | None = None
+
+    def named(self, section: str, name: str) -> Entry:
+        """The entry ``name`` of ``clusters``, ``contexts`` or ``users``, or a UserError."""
+        found = self.sections.get(section, {}).get(name)
+        if found is None:
+            known = ", ".join(sorted(self.sections.get(section, {}))) or "none"
+            raise UserError(f"{self.describe()}: no {section[:-1]} named {name!r} (known: {known})")
+        return found
+
+    def describe(self) -> str:
+        """The files, as an error message names them."""
+        return "kubeconfig " + os.pathsep.join(str(f) for f in self.files)
+
+
+def merge_kubeconfigs(paths: list[Path]) -> Kubeconfig:
+    """Read and merge kubeconfig files: first file to name an entry or set current-context wins."""
+    merged = Kubeconfig(files=list(paths))
+    for path in paths:
+        try:
+            config = yaml.safe_load(path.read_text()) or {}
+        except OSError as err:
+            raise UserError(f"{path}: cannot read kubeconfig: {err.strerror}") from None
+        except yaml.YAMLError:
+            raise UserError(f"{path}: kubeconfig is not valid YAML") from None
+        if not isinstance(config, dict):
+            raise UserError(f"{path}: kubeconfig is not a mapping")
+        for section, inner in (("clusters", "cluster"), ("contexts", "context"), ("users", "user")):
+            named = merged.sections.setdefault(section, {})
+            for item in config.get(section) or []:
+                name = str(item.get("name", ""))
+                if name and name not in named:
+                    named[name] = Entry(dict(item.get(inner) or {}), path.parent, path)
+        if merged.current_context is None and config.get("current-context"):
+            merged.current_context = str(config["current-context"])
+    return merged
+
+
+def kubeconfig_connection(
+    paths: list[Path], *, context: str | None = None, clock: Clock = utc_now
+) -> Connection:
+    """Credentials from one kubeconfig file or several merged."""
+    config = merge_kubeconfigs(paths)
+    name = context or config.current_context
+    if not name:
+        known = ", ".join(sorted(config.sections.get("contexts", {}))) or "none"
+        raise UserError(
+            f"{config.describe()}: no current-context; pass --context (contexts: {known})"
+        )
+    ctx = config.named("contexts", name).value
+    cluster_entry = config.named("clusters", str(ctx.get("cluster", "")))
+    cluster = cluster_entry.value
     server = str(cluster.get("server", "")).rstrip("/")
     if not server:
-        raise UserError(f"{path}: cluster {ctx.get('cluster')!r} has no server")
-    ssl_context: ssl.SSLContext | None = None
-    ca = _material(cluster, "certificate-authority", base)
-    cert = _material(user, "client-certificate", base)
-    key = _material(user, "client-key", base)
-    if server.startswith("https://"):
-        ssl_context = ssl.create_default_context()
-        if cluster.get("insecure-skip-tls-verify"):
-            ssl_context.check_hostname = False
-            ssl_context.verify_mode = ssl.CERT_NONE
-        if ca is not None:
-            ssl_context.load_verify_locations(cadata=ca.decode())
-        if cert is not None and key is not None:
-            _load_cert_chain(ssl_context, cert, key)
-    if "exec" in user or "auth-provider" in user:
-        raise UserError(
-            f"{path}: user {ctx.get('user')!r} needs an exec/auth-provider plugin, which "
-            "elastra does not run; use a token or client certificate"
-        )
-    headers: dict[str, str] = {}
-    token_file: Path | None = None
-    if user.get("token"):
-        headers["Authorization"] = f"Bearer {user['token']}"
-    elif user.get("tokenFile"):
-        token_file = base / str(user["tokenFile"])
+        raise UserError(f"{config.describe()}: cluster {ctx.get('cluster')!r} has no server")
+    credentials: Credentials = StaticCredentials()
+    if ctx.get("user"):
+        user = config.named("users", str(ctx["user"]))
+        where = f"{user.file}: user {ctx['user']!r}"
+        credentials = user_credentials(user, where=where, cluster=cluster, clock=clock)
     return Connection(
         server=server,
-        ssl_context=ssl_context,
-        headers=headers,
+        credentials=credentials,
+        ca_pem=_material(cluster, "certificate-authority", cluster_entry.base),
+        insecure=bool(cluster.get("insecure-skip-tls-verify")),
         namespace=str(ctx.get("namespace") or "default"),
-        token_file=token_file,
-        ca_pem=ca,
-        client_cert_pem=cert,
-        client_key_pem=key,
+        source=f"{config.describe()}, context {name}",
     )
 
 
-def _named(config: dict[str, Any], section: str, name: Any, path: Path) -> dict[str, Any]:
-    for entry in config.get(section) or []:
-        if entry.get("name") == name:
-            return dict(entry)
-    raise UserError(f"{path}: no {section[:-1]} named {name!r}")
+def user_credentials(
+    user: Entry, *, where: str, cluster: Mapping[str, Any], clock: Clock = utc_now
+) -> Credentials:
+    """The ``Credentials`` a kubeconfig user describes (client-go's order: exec, token, file)."""
+    fields, base = user.value, user.base
+    certified = Identity(
+        cert_pem=_material(fields, "client-certificate", base),
+        key_pem=_material(fields, "client-key", base),
+    )
+    if fields.get("exec"):
+        spec = parse_exec(fields["exec"], base=base, where=where, cluster=cluster)
+        return ExecCredentials(spec, clock=clock)
+    if fields.get("auth-provider"):
+        return auth_provider_credentials(fields["auth-provider"], where=where, clock=clock)
+    if fields.get("token"):
+        return StaticCredentials(
+            Identity(
+                token=str(fields["token"]), cert_pem=certified.cert_pem, key_pem=certified.key_pem
+            )
+        )
+    if fields.get("tokenFile"):
+        return TokenFileCredentials(base / str(fields["tokenFile"]), base=certified)
+    return StaticCredentials(certified)
 
 
-def _material(entry: dict[str, Any], key: str, base: Path) -> bytes | None:
+def auth_provider_credentials(
+    provider: Mapping[str, Any], *, where: str, clock: Clock = utc_now
+) -> Credentials:
+    """A static token from an ``auth-provider`` entry; providers that fetch tokens are refused."""
+    name = str(provider.get("name") or "")
+    config = provider.get("config") or {}
+    token = config.get("id-token" if name == "oidc" else "access-token")
+    if token:
+        expiry = config.get("expiry")
+        if expiry and _expired(str(expiry), clock):
+            raise UserError(
+                f"{where}: the access-token of auth-provider {name!r} expired at {expiry}; "
+                f"elastra does not refresh it: switch the user to the exec plugin "
+                f"{REPLACEMENT_PLUGINS.get(name, 'of your cluster')}"
+            )
+        return StaticCredentials(Identity(token=str(token)))
+    replacement = REPLACEMENT_PLUGINS.get(name, "your cluster's exec credential plugin")
+    raise UserError(
+        f"{where}: auth-provider {name!r} is not supported (elastra only uses a static "
+        f"access-token in auth-provider.config, and there is none); switch the user to an "
+        f"exec plugin: {replacement}"
+    )
+
+
+def _expired(expiry: str, clock: Clock) -> bool:
+    try:
+        return clock() >= parse_time(expiry)
+    except ValueError:
+        return False
+
+
+def _material(entry: Mapping[str, Any], key: str, base: Path) -> bytes | None:
     """PEM bytes from ``key-data`` (base64) or from the file ``key`` names."""
     data = entry.get(f"{key}-data")
     if data:
         return base64.b64decode(data)
     file = entry.get(key)
     if file:
-        return (base / str(file)).read_bytes()
+        try:
+            return (base / str(file)).expanduser().read_bytes()
+        except OSError as err:
+            raise UserError(f"cannot read {key} {base / str(file)}: {err.strerror}") from None
     return None
 
 

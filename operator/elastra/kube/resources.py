@@ -6,14 +6,15 @@ can make is listed in one module (and matches the ClusterRole the Helm chart gra
 
 from __future__ import annotations
 
-import time
-from datetime import UTC, datetime
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from elastra.api.resource import GROUP, PLURAL, VERSION
 from elastra.kube.client import MERGE_PATCH, JsonDict, Kube
+from elastra.kube.informer import Informer, without_managed_fields
 
 JOBS = f"/apis/{GROUP}/{VERSION}"
+NETWORK_POLICIES = "/apis/networking.k8s.io/v1"
 
 
 def job_path(namespace: str, name: str) -> str:
@@ -50,6 +51,33 @@ async def list_pods(
     return await kube.list(path, label_selector=selector)
 
 
+def nodes_informer(
+    kube: Kube, transform: Callable[[JsonDict], JsonDict], *, watch_timeout_s: float
+) -> Informer:
+    """Every Node, watched (``transform``: what of a node the cache keeps)."""
+    return Informer(kube, "/api/v1/nodes", transform=transform, watch_timeout_s=watch_timeout_s)
+
+
+def pods_informer(
+    kube: Kube,
+    transform: Callable[[JsonDict], JsonDict],
+    *,
+    index: Callable[[JsonDict], Hashable | None],
+    watch_timeout_s: float,
+) -> Informer:
+    """Every Pod of the cluster, watched, grouped by ``index`` (a worker pod's job)."""
+    return Informer(
+        kube, "/api/v1/pods", transform=transform, index=index, watch_timeout_s=watch_timeout_s
+    )
+
+
+def jobs_informer(kube: Kube, *, watch_timeout_s: float) -> Informer:
+    """Every TrainingJob of the cluster, watched."""
+    return Informer(
+        kube, f"{JOBS}/{PLURAL}", transform=without_managed_fields, watch_timeout_s=watch_timeout_s
+    )
+
+
 async def create_pod(kube: Kube, namespace: str, pod: JsonDict) -> JsonDict | None:
     """Create a pod; ``None`` when it already exists."""
     return await kube.create(pods_path(namespace), pod)
@@ -72,50 +100,19 @@ async def ensure_service(kube: Kube, namespace: str, service: JsonDict) -> None:
     await kube.create(f"/api/v1/namespaces/{namespace}/services", service)
 
 
+async def ensure_network_policy(kube: Kube, namespace: str, policy: JsonDict | None) -> None:
+    """Create a NetworkPolicy unless one of that name exists; ``None``: the setting is off.
+
+    Create-only, like the Service: a policy the user edited or replaced is theirs to keep.
+    """
+    if policy is not None:
+        await kube.create(f"{NETWORK_POLICIES}/namespaces/{namespace}/networkpolicies", policy)
+
+
 async def replace_job_status(kube: Kube, job: JsonDict) -> JsonDict:
     """Write status with the job's resourceVersion as precondition (raises ``ConflictError``)."""
     meta = job["metadata"]
     return await kube.replace(f"{job_path(meta['namespace'], meta['name'])}/status", job)
-
-
-async def record_event(
-    kube: Kube,
-    job: JsonDict,
-    *,
-    kind: str,
-    reason: str,
-    message: str,
-    now: datetime | None = None,
-) -> None:
-    """A core/v1 Event on the TrainingJob, as ``kubectl describe tj`` shows."""
-    meta = job["metadata"]
-    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    event: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {
-            "name": f"{meta['name']}.{time.time_ns():x}",
-            "namespace": meta["namespace"],
-        },
-        "involvedObject": {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "TrainingJob",
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "uid": meta.get("uid"),
-            "resourceVersion": meta.get("resourceVersion"),
-        },
-        "type": kind,
-        "reason": reason,
-        "message": message[:1024],
-        "source": {"component": "elastra-operator"},
-        "reportingComponent": "elastra.dev/operator",
-        "reportingInstance": "elastra-operator",
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
-    await kube.create(f"/api/v1/namespaces/{meta['namespace']}/events", event)
 
 
 async def list_events(kube: Kube, namespace: str, name: str) -> list[JsonDict]:
@@ -155,3 +152,8 @@ async def replace_lease(kube: Kube, lease: JsonDict) -> JsonDict:
     """Write a Lease with its resourceVersion as precondition (``ConflictError`` if stale)."""
     meta = lease["metadata"]
     return await kube.replace(lease_path(meta["namespace"], meta["name"]), lease)
+
+
+async def server_version(kube: Kube) -> JsonDict:
+    """``/version``: the cheapest request that proves the server is there and answers."""
+    return await kube.request("GET", "/version")

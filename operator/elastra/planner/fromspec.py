@@ -34,7 +34,11 @@ def requirements_from_spec(spec: TrainingJobSpec) -> JobRequirements:
         )
     parallelism = spec.parallelism
     manual = parallelism.mode == "manual"
-    sharding: tuple[Sharding, ...] = SHARDING_MODES
+    # bitwise sums every logical share's gradient in a fixed order through whole replicas:
+    # data parallel only (the API server refuses manual tensor or pipeline > 1 with it).
+    data_parallel_only = spec.training.consistency == "bitwise"
+    # ... and every rank holds the whole model (no ZeRO/FSDP) unless the spec says otherwise.
+    sharding: tuple[Sharding, ...] = ("none",) if data_parallel_only else SHARDING_MODES
     if parallelism.sharding is not None:
         sharding = (_SHARDINGS[str(parallelism.sharding)],)
     return JobRequirements(
@@ -45,12 +49,13 @@ def requirements_from_spec(spec: TrainingJobSpec) -> JobRequirements:
         precision=_PRECISIONS[str(spec.training.precision)],
         model=model,
         gpu_types=tuple(spec.worker.gpu_types),
-        tensor=parallelism.tensor if manual else None,
-        pipeline=parallelism.pipeline if manual else None,
+        tensor=1 if data_parallel_only else parallelism.tensor if manual else None,
+        pipeline=1 if data_parallel_only else parallelism.pipeline if manual else None,
         sharding=sharding,
         objective="cost" if str(spec.placement.objective) == "cost" else "throughput",
         heterogeneous=spec.placement.heterogeneous,
         cpus_per_worker=_cpus(spec.worker.resources.requests.get("cpu", "1")),
+        cpu_ranks=spec.worker.cpu_ranks,
     )
 
 

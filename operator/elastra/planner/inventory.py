@@ -4,7 +4,7 @@ Input is what ``kubectl get nodes -o yaml`` prints (a NodeList or ``kind: List``
 list of Node dicts, so a user can snapshot a real cluster and plan without one. The result is
 typed and sorted by node name, so the same snapshot always gives the same inventory.
 
-Rules (DESIGN.md section 3):
+Rules (docs/architecture.md, "Cluster inventory"):
 - GPU type: label ``elastra.dev/gpu-type`` if set, else ``nvidia.com/gpu.product`` (as GPU
   Feature Discovery writes it). An unknown type is a ``UserError`` naming the node and the
   label, unless the node declares its own figures: ``elastra.dev/gpu-tflops`` (dense 16-bit

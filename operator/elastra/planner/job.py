@@ -75,6 +75,9 @@ class JobRequirements:
     ``gpu_types`` are ``worker.gpuTypes`` patterns (catalog names, product labels, marketing
     names); empty allows any. ``tensor``/``pipeline`` are fixed in manual mode, ``None`` lets
     the planner choose; ``sharding`` lists the modes the planner may pick from.
+    ``micro_batch`` pins the micro-batch size (``None``: the planner chooses): a
+    ``consistency: bitwise`` job keeps the one its first world ran with, because it is the
+    logical share whose order fixes the gradient sum.
     """
 
     global_batch_size: int
@@ -90,6 +93,9 @@ class JobRequirements:
     objective: Objective = "throughput"
     heterogeneous: bool = False
     cpus_per_worker: float = 1.0
+    micro_batch: int | None = None
+    cpu_ranks: int = 1
+    """Ranks in each pod of a CPU job (``worker.cpuRanks``)."""
 
     def __post_init__(self) -> None:
         if self.global_batch_size < 1:
@@ -106,11 +112,13 @@ class JobRequirements:
             raise UserError(f"parallelism.sharding: one of {', '.join(SHARDING_MODES)}")
         if self.cpus_per_worker <= 0:
             raise UserError("worker.resources.requests.cpu: must be > 0")
+        if self.micro_batch is not None and self.micro_batch < 1:
+            raise UserError("microBatchSize: must be >= 1")
 
     @property
     def devices_per_worker(self) -> int:
-        """Ranks per pod: its GPUs, or one rank for a CPU pod."""
-        return self.gpus_per_worker if self.gpus_per_worker > 0 else 1
+        """Ranks per pod: its GPUs, or ``cpu_ranks`` for a CPU pod."""
+        return self.gpus_per_worker if self.gpus_per_worker > 0 else self.cpu_ranks
 
     @property
     def is_cpu(self) -> bool:

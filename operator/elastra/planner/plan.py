@@ -2,9 +2,15 @@
 prints and external checks read).
 
 A ``Plan`` says which GPU types the job uses and how many, the parallel degrees, the
-micro-batch, sharding and recomputation, each type's batch share, the predicted step and the
-rank -> pod -> node map. A ``PlanResult`` ranks plans best first and says why the rest were
-rejected. Everything is frozen: the controller, simulator and CLI share plans as values.
+micro-batch, sharding and recomputation, each data-parallel replica's batch share, the
+predicted step, the rank -> pod -> node map and each pipeline stage's layers. A
+``PlanResult`` ranks plans best first and says why the rest were rejected. Everything is
+frozen: the controller, simulator and CLI share plans as values.
+
+``worker_plan`` is the one translation of a placed plan into the worker's contract
+(``elastra_worker.assignment.Plan``): the operator writes it into every assignment and
+``plan_to_dict`` prints the same fields, so what ``elastra plan -o json`` shows is what the
+workers are told.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from elastra.planner.catalog import GpuTypeName
 from elastra.planner.inventory import NodeName
 from elastra.planner.job import Recompute, Sharding
 from elastra.planner.perfmodel import StepPrediction
+from elastra_worker.assignment import Plan as WorkerPlan
+from elastra_worker.assignment import RankCoord, StageLayers, default_schedule, plan_to_wire
 
 
 @dataclass(frozen=True)
@@ -27,8 +35,17 @@ class TypeShare:
     pods: int
     replicas: int
     batch_share: int
-    """Sequences per step for each data-parallel replica of this type."""
+    """Sequences per step of this type's most loaded replica (all of them, when even)."""
     hourly_usd: float
+    shares: tuple[int, ...] = ()
+    """Sequences per step of each replica of this type, in data-parallel order; empty: every
+    replica takes ``batch_share``. Replicas of one type differ by at most one micro-batch
+    (one round of ``pp`` micro-batches with interleaving) when the batch does not divide."""
+
+    @property
+    def replica_shares(self) -> tuple[int, ...]:
+        """Sequences per step of each replica of this type, in data-parallel order."""
+        return self.shares or (self.batch_share,) * self.replicas
 
 
 @dataclass(frozen=True)
@@ -70,6 +87,13 @@ class Plan:
     ranks: tuple[RankPlacement, ...] = ()
     interleave: int = 1
     """Virtual pipeline stages per GPU (Megatron's interleaved 1F1B schedule)."""
+    stages: tuple[StageLayers, ...] = ()
+    """The layers of each of the ``pp * interleave`` (virtual) stages; empty without a model."""
+
+    @property
+    def batch_shares(self) -> tuple[int, ...]:
+        """Sequences per step of every data-parallel replica, in dp-rank order."""
+        return tuple(s for share in self.types for s in share.replica_shares)
 
     @property
     def gpus(self) -> int:
@@ -116,6 +140,10 @@ class PlanResult:
     rejections: tuple[Rejection, ...]
     candidates: int
     """How many complete candidates the model evaluated."""
+    short_of_capacity: bool = False
+    """No plan because too few pod slots of the allowed types are free: more capacity would
+    help. Otherwise the job cannot run at this size on any capacity like this (divisibility,
+    memory) and the reason says why."""
 
     @property
     def feasible(self) -> bool:
@@ -123,18 +151,48 @@ class PlanResult:
         return bool(self.plans)
 
 
+def worker_plan(plan: Plan) -> WorkerPlan:
+    """The plan as the worker's assignment carries it: everything to build the placed layout.
+
+    The one place a planner plan becomes the worker's contract (see the module docstring).
+    """
+    return WorkerPlan(
+        dp=plan.dp,
+        tp=plan.tp,
+        pp=plan.pp,
+        micro_batch_size=plan.micro_batch,
+        batch_shares=plan.batch_shares,
+        virtual_stages=plan.interleave,
+        schedule=default_schedule(plan.pp, plan.interleave),
+        sharding=plan.sharding,
+        recompute=plan.recompute,
+        ranks=tuple(RankCoord(r.rank, r.dp_rank, r.tp_rank, r.pp_stage) for r in plan.ranks),
+        stages=plan.stages,
+    )
+
+
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    """One plan in the JSON contract's shape."""
+    """One plan in the JSON contract's shape.
+
+    ``batchShares`` is per GPU type (its most loaded replica), ``replicaBatchShares`` per
+    data-parallel replica; ``placement`` extends the assignment's ``ranks`` with nodes and
+    types. The other layout fields are the assignment's ``plan`` fields, from ``worker_plan``.
+    """
     predicted = plan.predicted
+    wire = plan_to_wire(worker_plan(plan))
     return {
         "gpuTypes": {share.gpu_type: share.gpus for share in plan.types},
-        "dp": plan.dp,
-        "tp": plan.tp,
-        "pp": plan.pp,
-        "microBatchSize": plan.micro_batch,
-        "sharding": plan.sharding,
-        "recompute": plan.recompute,
+        "dp": wire["dp"],
+        "tp": wire["tp"],
+        "pp": wire["pp"],
+        "microBatchSize": wire["microBatchSize"],
+        "sharding": wire["sharding"],
+        "recompute": wire["recompute"],
+        "virtualStages": wire["virtualStages"],
+        "schedule": wire["schedule"],
+        "stages": wire["stages"],
         "batchShares": {share.gpu_type: share.batch_share for share in plan.types},
+        "replicaBatchShares": wire["batchShares"],
         "predicted": {
             "stepTimeSeconds": predicted.step_time_s,
             "tokensPerSecond": predicted.tokens_per_s,

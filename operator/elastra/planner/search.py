@@ -17,8 +17,13 @@ the powers of two are evaluated. Mixes fill the fastest type first (the best tok
 first, under the cost objective).
 
 Heterogeneous mixes give every type its own data-parallel replicas (a tensor or pipeline group
-never mixes types) and choose per-type micro-batch counts so that replicas of different speeds
-finish a step together, while the shares still add up to the global batch exactly.
+never mixes types). Every replica gets whole micro-batches, as many as make replicas of
+different speeds finish a step together, and the shares add up to the global batch exactly;
+where the batch does not divide, replicas of one type differ by one micro-batch, so any
+number of replicas up to the global batch's micro-batches can train (256 sequences over 24
+replicas: 16 x 11 and 8 x 10). Shares are therefore always whole micro-batches, as
+``consistency: bitwise`` (logical shares) and pipelines (one micro-batch shape) need; a job
+may pin the micro-batch size (``JobRequirements.micro_batch``).
 
 Ranking is by tokens per second (throughput) or tokens per dollar (cost), ties broken by
 fewer GPUs, lower price and then the layout itself, so the order is total and deterministic.
@@ -29,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import combinations, product
@@ -52,6 +58,7 @@ from elastra.planner.perfmodel import (
 )
 from elastra.planner.placement import place
 from elastra.planner.plan import Plan, PlanResult, Rejection, TypeShare
+from elastra_worker.assignment import split_layers
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 NO_MODEL = "no-model"
@@ -104,6 +111,27 @@ class _Scored:
     plan: Plan
 
 
+@dataclass(frozen=True)
+class _Fit:
+    """One layout tried: scored when it fits; ``out_of_memory`` when memory is why it did
+    not (then a larger micro-batch cannot fit either)."""
+
+    scored: _Scored | None
+    out_of_memory: bool = False
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The per-GPU layout memory depends on."""
+
+    tp: int
+    pp: int
+    mb: int
+    sharding: Sharding
+    recompute: Recompute
+    interleave: int
+
+
 def plan_job(
     job: JobRequirements,
     inventory: Inventory,
@@ -117,13 +145,13 @@ def plan_job(
         rejections.add("capacity", f"node {node.name} is not capacity: {node.reason}")
     pools = _pools(job, inventory, rejections)
     if not pools:
-        return _infeasible("no allowed capacity", rejections, 0)
+        return _infeasible("no allowed capacity", rejections, 0, capacity=True)
     if sum(pool.pods for pool in pools) < job.min_replicas:
         free = ", ".join(f"{p.pods} on {p.gpu.name}" for p in pools)
         rejections.add(
             "capacity", f"minReplicas={job.min_replicas} pods needed, free pod slots: {free}"
         )
-        return _infeasible("not enough capacity", rejections, 0)
+        return _infeasible("not enough capacity", rejections, 0, capacity=True)
     search = _Search(job, pools, constants, rejections)
     scored = search.run(top_k)
     scored.sort(key=lambda s: (s.key, s.tiebreak))
@@ -165,11 +193,11 @@ def evaluate_layout(
     for pool, count in zip(mix, counts, strict=True):
         if count > pool.pods:
             rejections.add("capacity", f"{pool.gpu.name}: {count} pods > {pool.pods} slots")
-            return _infeasible("not enough capacity", rejections, 0)
+            return _infeasible("not enough capacity", rejections, 0, capacity=True)
     search = _Search(job, list(mix), constants, rejections)
     per_pod = job.devices_per_worker
     replicas = tuple(c * per_pod // (tp * pp) for c in counts)
-    scored = search._fit(
+    fit = search._fit(
         job.model,
         mix,
         counts,
@@ -182,9 +210,9 @@ def evaluate_layout(
         interleave=interleave,
         recomputes=(recompute,),
     )
-    if scored is None:
+    if fit.scored is None:
         return _infeasible("layout does not fit", rejections, search.evaluated)
-    plan = _with_placement(scored.plan, list(mix), job)
+    plan = _with_placement(fit.scored.plan, list(mix), job)
     return PlanResult((plan,), None, rejections.summary(), search.evaluated)
 
 
@@ -209,11 +237,19 @@ def _distinct(scored: Sequence[_Scored], top_k: int) -> list[_Scored]:
     return best
 
 
-def _infeasible(headline: str, rejections: _Rejections, evaluated: int) -> PlanResult:
+def _infeasible(
+    headline: str, rejections: _Rejections, evaluated: int, *, capacity: bool = False
+) -> PlanResult:
     summary = rejections.summary()
     details = "; ".join(f"{r.category} ({r.count}): {r.example}" for r in summary[:3])
     reason = f"{headline}: {details}" if details else headline
-    return PlanResult(plans=(), reason=reason, rejections=summary, candidates=evaluated)
+    return PlanResult(
+        plans=(),
+        reason=reason,
+        rejections=summary,
+        candidates=evaluated,
+        short_of_capacity=capacity,
+    )
 
 
 def _pools(job: JobRequirements, inventory: Inventory, rejections: _Rejections) -> list[TypePool]:
@@ -279,9 +315,8 @@ class _Search:
         self.constants = constants
         self.rejections = rejections
         self.evaluated = 0
-        self._out_of_memory = False
         self._memory_cache: dict[tuple[object, ...], float] = {}
-        self._split_cache: dict[tuple[object, ...], tuple[int, ...] | None] = {}
+        self._split_cache: dict[tuple[object, ...], tuple[tuple[int, ...], ...] | None] = {}
         self._slot_cache: dict[tuple[object, ...], MicroBatchTime] = {}
 
     # -- enumeration ---------------------------------------------------------------------
@@ -339,8 +374,8 @@ class _Search:
             rate += gpus * peak * 1e12 * self.constants.efficiency_of(pool.gpu) * shape
             cost += gpus * pool.gpu.hourly_usd
         dp = sum(counts) * job.devices_per_worker // (tp * pp)
-        # Micro-batches per replica: at most GB/dp for one type; a mix may skew shares.
-        most = job.global_batch_size // max(dp, 1) if len(mix) == 1 else job.global_batch_size
+        # Micro-batches per replica: at most ceil(GB/dp) for one type; a mix may skew shares.
+        most = -(-job.global_batch_size // max(dp, 1)) if len(mix) == 1 else job.global_batch_size
         bubble = (pp - 1) / max(_interleave_options(model, pp))
         tokens = rate / flops_per_token * most / (most + bubble)
         if job.objective == "cost":
@@ -430,17 +465,14 @@ class _Search:
                 return []
             units = list(range(top, max(low, 1) - 1, -1))
             dp_per_unit = unit * per_pod // replica
-            if self.job.model is not None:
-                valid = [u for u in units if job.global_batch_size % (u * dp_per_unit) == 0]
-                if not valid:
-                    self.rejections.add(
-                        "divisibility",
-                        f"{mix[0].gpu.name} tp={tp} pp={pp}: globalBatchSize="
-                        f"{job.global_batch_size} not divisible by any dp from "
-                        f"{units[-1] * dp_per_unit} to {units[0] * dp_per_unit}",
-                    )
-                    return []
-                units = valid
+            logical = job.global_batch_size // (job.micro_batch or 1)
+            valid = [u for u in units if u * dp_per_unit <= logical]
+            if not valid:
+                self.rejections.add(
+                    "divisibility", _too_many_replicas(job, units[-1] * dp_per_unit)
+                )
+                return []
+            units = valid
             keep = set(units[:POD_COUNTS_KEPT]) | {units[-1]}
             keep |= {u for u in units if u & (u - 1) == 0}
             return [(u * unit,) for u in sorted(keep, reverse=True)]
@@ -471,21 +503,19 @@ class _Search:
                 yield scored
             return
         model = job.model
-        if dp * 1 > job.global_batch_size:
-            self.rejections.add(
-                "divisibility", f"dp={dp} replicas exceed globalBatchSize={job.global_batch_size}"
-            )
+        if dp * (job.micro_batch or 1) > job.global_batch_size:
+            self.rejections.add("divisibility", _too_many_replicas(job, dp))
             return
         dp_gbs = self._dp_bandwidth(mix, counts, tp, pp)
         shardings = _sharding_options(job.sharding, dp)
         too_big: set[tuple[Sharding, int]] = set()
-        for mb in MICRO_BATCHES:
+        for mb in _micro_batches(job):
             if job.global_batch_size % mb or mb * dp > job.global_batch_size:
                 continue
             for sharding, interleave in product(shardings, _interleave_options(model, pp)):
                 if (sharding, interleave) in too_big:
                     continue  # memory grows with the micro-batch: a larger one cannot fit
-                scored = self._fit(
+                fit = self._fit(
                     model,
                     mix,
                     counts,
@@ -497,9 +527,9 @@ class _Search:
                     dp_gbs=dp_gbs,
                     interleave=interleave,
                 )
-                if scored is not None:
-                    yield scored
-                elif self._out_of_memory:
+                if fit.scored is not None:
+                    yield fit.scored
+                elif fit.out_of_memory:
                     too_big.add((sharding, interleave))
 
     def _fit(
@@ -516,12 +546,10 @@ class _Search:
         dp_gbs: float,
         interleave: int = 1,
         recomputes: tuple[Recompute, ...] = RECOMPUTE_MODES,
-    ) -> _Scored | None:
-        """The cheapest recomputation that fits memory for this layout, scored; or None."""
+    ) -> _Fit:
+        """The cheapest recomputation that fits memory for this layout, scored, or why not."""
         job = self.job
-        dp = sum(replicas)
         worst: tuple[str, Recompute, float, float] | None = None
-        self._out_of_memory = False
         for recompute in recomputes:
             slots = tuple(
                 self._slot(
@@ -530,89 +558,133 @@ class _Search:
                 for pool in mix
             )
             if any(math.isinf(s.per_slot) for s in slots):
-                return None
-            split_key = (mb, replicas, pp, tuple(slot.per_slot for slot in slots), interleave)
-            if split_key in self._split_cache:
-                split = self._split_cache[split_key]
-            else:
-                split = _split_batch(job.global_batch_size // mb, replicas, slots, pp)
-                self._split_cache[split_key] = split
-            if split is not None and interleave > 1 and any(k % pp for k in split):
-                return None  # the interleaved schedule needs whole rounds of pp micro-batches
+                return _Fit(None)
+            split = self._split(mix, replicas, slots, mb=mb, pp=pp, interleave=interleave)
             if split is None:
-                self.rejections.add(
-                    "divisibility",
-                    lambda: (
-                        f"globalBatchSize={job.global_batch_size} cannot be split into "
-                        f"micro-batches of {mb} over replicas "
-                        + "+".join(f"{r}x{p.gpu.name}" for p, r in zip(mix, replicas, strict=True))
-                    ),
-                )
-                return None
-            peak = 0.0
-            fits = True
-            for pool, k in zip(mix, split, strict=True):
-                held = in_flight(pp, k, interleave)
-                memory_key = (tp, pp, mb, sharding, recompute, dp, held)
-                need = self._memory_cache.get(memory_key)
-                if need is None:
-                    need = memory_gib(
-                        model,
-                        tp=tp,
-                        pp=pp,
-                        micro_batch=mb,
-                        sharding=sharding,
-                        recompute=recompute,
-                        precision=job.precision,
-                        dp=dp,
-                        in_flight=held,
-                    )
-                    self._memory_cache[memory_key] = need
-                usable = usable_memory_gib(pool.gpu, self.constants)
-                peak = max(peak, need)
-                if need > usable:
-                    fits = False
-                    worst = (pool.gpu.name, recompute, need, usable)
-                    break
-            if not fits:
+                return _Fit(None)
+            layout = _Layout(tp, pp, mb, sharding, recompute, interleave)
+            peak, short = self._peak_memory(model, mix, split, layout, dp=sum(replicas))
+            if short is not None:
+                worst = short
                 continue
             self.evaluated += 1
             loads = tuple(
-                TypeLoad(pool.gpu, r, k, s)
-                for pool, r, k, s in zip(mix, replicas, split, slots, strict=True)
+                TypeLoad(pool.gpu, n, k, slot)
+                for pool, ks, slot in zip(mix, split, slots, strict=True)
+                for k, n in sorted(Counter(ks).items(), reverse=True)
             )
-            predicted = predict_step(
-                model,
-                loads,
-                tp=tp,
-                pp=pp,
-                micro_batch=mb,
-                sharding=sharding,
-                recompute=recompute,
-                precision=job.precision,
-                dp_gbs=dp_gbs,
-                peak_memory=peak,
-                constants=self.constants,
+            predicted = self._predict(model, loads, layout, dp_gbs=dp_gbs, peak=peak)
+            shares = _type_shares(job, mix, counts, split, mb)
+            plan = Plan(shares, sum(replicas), tp, pp, mb, sharding, recompute, predicted)
+            return _Fit(self._score(dataclasses.replace(plan, interleave=interleave)))
+        if worst is None:
+            return _Fit(None)
+        name, recompute, need, usable = worst
+        self.rejections.add(
+            "memory",
+            lambda: (
+                f"{name} tp={tp} pp={pp} mb={mb} sharding={sharding} recompute={recompute}: "
+                f"needs {need:.1f} GiB > {usable:.1f} GiB usable"
+            ),
+        )
+        return _Fit(None, out_of_memory=True)
+
+    def _predict(
+        self,
+        model: ModelShape,
+        loads: tuple[TypeLoad, ...],
+        layout: _Layout,
+        *,
+        dp_gbs: float,
+        peak: float,
+    ) -> StepPrediction:
+        """The model's step for ``loads`` (a type's replicas with k and k - 1 micro-batches
+        are two loads: the slowest sets the pace, all of them count for tokens)."""
+        return predict_step(
+            model,
+            loads,
+            tp=layout.tp,
+            pp=layout.pp,
+            micro_batch=layout.mb,
+            sharding=layout.sharding,
+            recompute=layout.recompute,
+            precision=self.job.precision,
+            dp_gbs=dp_gbs,
+            peak_memory=peak,
+            constants=self.constants,
+        )
+
+    def _split(
+        self,
+        mix: tuple[TypePool, ...],
+        replicas: tuple[int, ...],
+        slots: tuple[MicroBatchTime, ...],
+        *,
+        mb: int,
+        pp: int,
+        interleave: int,
+    ) -> tuple[tuple[int, ...], ...] | None:
+        """Micro-batches of every replica (cached), or None with a divisibility rejection.
+
+        The interleaved schedule needs whole rounds of ``pp`` micro-batches per replica.
+        """
+        job = self.job
+        unit = pp if interleave > 1 else 1
+        key = (mb, replicas, pp, tuple(slot.per_slot for slot in slots), interleave)
+        if key not in self._split_cache:
+            self._split_cache[key] = _split_batch(
+                job.global_batch_size // mb,
+                replicas,
+                tuple(slot.per_slot for slot in slots),
+                bubble=slots[0].bubble_slots(pp),
+                unit=unit,
             )
-            shares = tuple(
-                TypeShare(
-                    pool.gpu.name, c * job.devices_per_worker, c, r, k * mb, pool.gpu.hourly_usd
-                )
-                for pool, c, r, k in zip(mix, counts, replicas, split, strict=True)
-            )
-            plan = Plan(shares, dp, tp, pp, mb, sharding, recompute, predicted)
-            return self._score(dataclasses.replace(plan, interleave=interleave))
-        if worst is not None:
-            name, recompute, need, usable = worst
-            self._out_of_memory = True
+        split = self._split_cache[key]
+        if split is None:
             self.rejections.add(
-                "memory",
+                "divisibility",
                 lambda: (
-                    f"{name} tp={tp} pp={pp} mb={mb} sharding={sharding} recompute={recompute}: "
-                    f"needs {need:.1f} GiB > {usable:.1f} GiB usable"
+                    f"globalBatchSize={job.global_batch_size} cannot be split into "
+                    f"{'rounds of ' + str(unit) + ' ' if unit > 1 else ''}micro-batches of {mb} "
+                    "over replicas "
+                    + "+".join(f"{r}x{p.gpu.name}" for p, r in zip(mix, replicas, strict=True))
                 ),
             )
-        return None
+        return split
+
+    def _peak_memory(
+        self,
+        model: ModelShape,
+        mix: tuple[TypePool, ...],
+        split: tuple[tuple[int, ...], ...],
+        layout: _Layout,
+        *,
+        dp: int,
+    ) -> tuple[float, tuple[str, Recompute, float, float] | None]:
+        """The most memory a GPU of the layout needs, or the first type it does not fit."""
+        peak = 0.0
+        for pool, ks in zip(mix, split, strict=True):
+            held = in_flight(layout.pp, max(ks), layout.interleave)
+            key = (*dataclasses.astuple(layout), dp, held)
+            need = self._memory_cache.get(key)
+            if need is None:
+                need = memory_gib(
+                    model,
+                    tp=layout.tp,
+                    pp=layout.pp,
+                    micro_batch=layout.mb,
+                    sharding=layout.sharding,
+                    recompute=layout.recompute,
+                    precision=self.job.precision,
+                    dp=dp,
+                    in_flight=held,
+                )
+                self._memory_cache[key] = need
+            usable = usable_memory_gib(pool.gpu, self.constants)
+            peak = max(peak, need)
+            if need > usable:
+                return peak, (pool.gpu.name, layout.recompute, need, usable)
+        return peak, None
 
     def _model_free(
         self, mix: tuple[TypePool, ...], counts: tuple[int, ...], replicas: tuple[int, ...]
@@ -625,18 +697,15 @@ class _Search:
         """
         job = self.job
         fastest = max(pool.speed for pool in self.pools)
-        slots = tuple(
-            MicroBatchTime(fastest / max(pool.speed, 1e-12), 0.0, 0.0, 0.0) for pool in mix
-        )
+        times = tuple(fastest / max(pool.speed, 1e-12) for pool in mix)
         dp = sum(replicas)
-        split = _split_batch(job.global_batch_size, replicas, slots, 1)
-        if split is None:
-            self.rejections.add(
-                "divisibility", f"globalBatchSize={job.global_batch_size} < replicas={dp}"
-            )
+        mb = job.micro_batch or 1
+        split = _split_batch(job.global_batch_size // mb, replicas, times, bubble=0.0)
+        if split is None or job.global_batch_size % mb:
+            self.rejections.add("divisibility", _too_many_replicas(job, dp))
             return None
         self.evaluated += 1
-        step = max(k * s.per_slot for k, s in zip(split, slots, strict=True))
+        step = max(max(ks) * mb * t for ks, t in zip(split, times, strict=True))
         predicted = StepPrediction(
             step_time_s=step,
             tokens_per_s=job.global_batch_size / step,
@@ -646,11 +715,8 @@ class _Search:
             bottleneck=NO_MODEL,
             breakdown=(("compute", step),),
         )
-        shares = tuple(
-            TypeShare(pool.gpu.name, c * job.devices_per_worker, c, r, k, pool.gpu.hourly_usd)
-            for pool, c, r, k in zip(mix, counts, replicas, split, strict=True)
-        )
-        return self._score(Plan(shares, dp, 1, 1, 1, "none", "none", predicted))
+        shares = _type_shares(job, mix, counts, split, mb)
+        return self._score(Plan(shares, dp, 1, 1, mb, "none", "none", predicted))
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -728,78 +794,126 @@ def _sharding_options(allowed: tuple[Sharding, ...], dp: int) -> tuple[Sharding,
 
 
 def _interleave_options(model: ModelShape, pp: int) -> tuple[int, ...]:
-    """Virtual stages per GPU to try: 1, and the most (up to 4) that split a stage evenly."""
+    """Virtual stages per GPU to try: 1, and the most (up to 4) that split a stage evenly
+    and leave every virtual stage a layer."""
     if pp == 1:
         return (1,)
     per_stage = math.ceil(model.layers / pp)
-    most = max((v for v in (2, 3, 4) if per_stage % v == 0), default=1)
+    fitting = (v for v in (2, 3, 4) if per_stage % v == 0 and pp * v <= model.layers)
+    most = max(fitting, default=1)
     return (1,) if most == 1 else (1, most)
 
 
 def _split_batch(
     micro_batches: int,
     replicas: tuple[int, ...],
-    slots: tuple[MicroBatchTime, ...],
-    pp: int,
-) -> tuple[int, ...] | None:
-    """Micro-batches per replica of each type: ``sum(replicas[i] * k[i]) == micro_batches``,
-    every ``k >= 1``, minimising the time of the slowest replica; None when impossible.
+    times: tuple[float, ...],
+    *,
+    bubble: float,
+    unit: int = 1,
+) -> tuple[tuple[int, ...], ...] | None:
+    """Micro-batches of every data-parallel replica, type by type (in each type's replica
+    order); None when impossible.
 
-    A single type needs ``micro_batches`` divisible by its replicas. For a mix the continuous
-    optimum (all types finish together) is rounded: all but the last two types try the two
-    integers around their optimum, and the last two solve
-    ``r_a·k_a + r_b·k_b = rest`` exactly (a linear Diophantine equation) nearest the optimum.
+    They add up to ``micro_batches``; every replica gets at least ``unit`` and a multiple of
+    ``unit`` (``pp`` for the interleaved schedule, else 1); and the slowest replica, whose
+    time is ``(k + bubble) * times[i]``, finishes as early as possible. Replicas of one type
+    differ by at most one unit, so any count of replicas up to ``micro_batches / unit`` can
+    be formed: 256 micro-batches over 24 replicas are 16 x 11 + 8 x 10.
     """
-    if len(replicas) == 1:
-        k, rest = divmod(micro_batches, replicas[0])
-        return (k,) if rest == 0 and k >= 1 else None
-    if micro_batches < sum(replicas):
+    if micro_batches % unit or micro_batches // unit < sum(replicas):
         return None
-    times = [slot.per_slot for slot in slots]
-    bubble = slots[0].bubble_slots(pp)
-    # Everyone finishes at T: k_i = T / t_i - bubble; sum r_i k_i = M.
-    rate = sum(r / t for r, t in zip(replicas, times, strict=True))
-    finish = (micro_batches + bubble * sum(replicas)) / rate
-    ideal = [finish / t - bubble for t in times]
-    *head, a, b = range(len(replicas))
-    windows = [range(max(1, math.floor(ideal[i])), max(1, math.floor(ideal[i])) + 2) for i in head]
-    best: tuple[float, tuple[int, ...]] | None = None
-    for choice in product(*windows):
-        rest = micro_batches - sum(replicas[i] * k for i, k in zip(head, choice, strict=True))
-        for k_a, k_b in _pair_solutions(rest, replicas[a], replicas[b], ideal[a]):
-            ks = (*choice, k_a, k_b)
-            slowest = max((k + bubble) * t for k, t in zip(ks, times, strict=True))
-            if best is None or (slowest, ks) < best:
-                best = (slowest, ks)
-    return None if best is None else best[1]
+    # In units: a replica of type i with k units takes (k + bubble / unit) * unit * t_i.
+    scaled = tuple(unit * t for t in times)
+    ks, last, excess = _fill(micro_batches // unit, replicas, scaled, bubble / unit)
+    out = []
+    for i, (r, k) in enumerate(zip(replicas, ks, strict=True)):
+        fewer = excess if i == last else 0
+        out.append(tuple([k * unit] * (r - fewer) + [(k - 1) * unit] * fewer))
+    return tuple(out)
 
 
-def _pair_solutions(rest: int, r_a: int, r_b: int, near: float) -> list[tuple[int, int]]:
-    """Positive (k_a, k_b) with ``r_a·k_a + r_b·k_b == rest``, k_a nearest ``near``."""
-    g = math.gcd(r_a, r_b)
-    if rest < r_a + r_b or rest % g:
-        return []
-    step = r_b // g
-    base = (rest // g) * pow(r_a // g, -1, step) % step if step > 1 else 0
-    # k_a = base + t·step; k_b = (rest - r_a·k_a) / r_b must stay >= 1.
-    highest = (rest - r_b) // r_a
-    centre = math.floor((near - base) / step)
-    found = []
-    for t in (centre - 1, centre, centre + 1, centre + 2):
-        k_a = base + t * step
-        if 1 <= k_a <= highest:
-            found.append((k_a, (rest - r_a * k_a) // r_b))
-    if not found and highest >= 1:
-        for k_a in (
-            base + step * ((1 - base + step - 1) // step),
-            base + step * ((highest - base) // step),
-        ):
-            if 1 <= k_a <= highest:
-                found.append((k_a, (rest - r_a * k_a) // r_b))
-    return found
+def _fill(
+    units: int, replicas: tuple[int, ...], times: tuple[float, ...], bubble: float
+) -> tuple[list[int], int | None, int]:
+    """Units per replica of each type minimising ``max (k_i + bubble) * times[i]`` subject to
+    ``sum replicas[i] * k_i >= units`` and ``k_i >= 1``; with the type that took the last
+    unit (``None``: none was added) and by how much the total overshoots ``units``.
+
+    Water filling: repeatedly give one more unit to every replica of the type that would
+    finish it first. It starts just below the continuous optimum (types whose optimum is
+    under one unit are fixed at one), so it takes a few steps per type, not one per unit.
+    """
+    n = len(replicas)
+    fixed: set[int] = set()
+    ideal = [1.0] * n
+    while len(fixed) < n:
+        free = [i for i in range(n) if i not in fixed]
+        rest = units - sum(replicas[i] for i in fixed)
+        rate = sum(replicas[i] / times[i] for i in free)
+        finish = (rest + bubble * sum(replicas[i] for i in free)) / rate
+        low = set()
+        for i in free:
+            ideal[i] = finish / times[i] - bubble
+            if ideal[i] < 1:
+                low.add(i)
+        if not low:
+            break
+        fixed |= low
+    ks = [1 if i in fixed else max(1, math.floor(ideal[i]) - 1) for i in range(n)]
+    total = sum(r * k for r, k in zip(replicas, ks, strict=True))
+    heap = [((ks[i] + 1 + bubble) * times[i], i) for i in range(n)]
+    heapq.heapify(heap)
+    last: int | None = None
+    while total < units:
+        _, i = heapq.heappop(heap)
+        ks[i] += 1
+        total += replicas[i]
+        last = i
+        heapq.heappush(heap, ((ks[i] + 1 + bubble) * times[i], i))
+    return ks, last, total - units
+
+
+def _micro_batches(job: JobRequirements) -> tuple[int, ...]:
+    """Micro-batch sizes to try: the pinned one alone, when the job pins one."""
+    return (job.micro_batch,) if job.micro_batch is not None else MICRO_BATCHES
+
+
+def _too_many_replicas(job: JobRequirements, dp: int) -> str:
+    """Why ``dp`` data-parallel replicas cannot share the global batch."""
+    if job.micro_batch is None:
+        return f"dp={dp} replicas exceed globalBatchSize={job.global_batch_size}"
+    return (
+        f"dp={dp} replicas exceed the {job.global_batch_size // job.micro_batch} micro-batches "
+        f"of {job.micro_batch} in globalBatchSize={job.global_batch_size} "
+        "(consistency bitwise keeps the micro-batch size)"
+    )
+
+
+def _type_shares(
+    job: JobRequirements,
+    mix: tuple[TypePool, ...],
+    counts: tuple[int, ...],
+    split: tuple[tuple[int, ...], ...],
+    mb: int,
+) -> tuple[TypeShare, ...]:
+    """Each type's part of a plan, with its replicas' shares in sequences."""
+    return tuple(
+        TypeShare(
+            pool.gpu.name,
+            c * job.devices_per_worker,
+            c,
+            len(ks),
+            max(ks) * mb,
+            pool.gpu.hourly_usd,
+            shares=tuple(k * mb for k in ks) if len(set(ks)) > 1 else (),
+        )
+        for pool, c, ks in zip(mix, counts, split, strict=True)
+    )
 
 
 def _with_placement(plan: Plan, pools: list[TypePool], job: JobRequirements) -> Plan:
+    """The plan with its pods, ranks and (with a model) each stage's layers."""
     nodes_by_type: dict[str, Sequence[NodeCapacity]] = {p.gpu.name: p.nodes for p in pools}
     slots = {name: count for pool in pools for name, count in pool.slots}
     pods, ranks = place(
@@ -810,4 +924,5 @@ def _with_placement(plan: Plan, pools: list[TypePool], job: JobRequirements) -> 
         pp=plan.pp,
         devices_per_pod=job.devices_per_worker,
     )
-    return dataclasses.replace(plan, pods=pods, ranks=ranks)
+    stages = split_layers(job.model.layers, plan.pp * plan.interleave) if job.model else ()
+    return dataclasses.replace(plan, pods=pods, ranks=ranks, stages=stages)

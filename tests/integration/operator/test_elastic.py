@@ -277,3 +277,47 @@ def test_drained_node_worker_is_evicted_dropped_and_replaced_elsewhere(
     assert all(p["spec"].get("nodeName") != victim for p in jobs.pods("drain"))
     ranks = [p["rank"] for p in healed["placement"]]
     assert len(ranks) == len(set(ranks)) == 3
+
+
+def test_h_every_world_size_forms_and_an_impossible_one_says_why(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+) -> None:
+    """Measured before: 256 sequences over 3 pods x 8 GPUs (24 ranks) stayed at 2 of 3 with
+    no pod and no reason. Now the world grows with shares 11/10; and a size no world can
+    train (16 sequences over 24 ranks) is Degraded with the reason, in status and an Event."""
+    pool.add(4)
+    body = h200_job("uneven", replicas=2, minReplicas=1, maxReplicas=4)
+    body["spec"]["training"]["globalBatchSize"] = 256
+    jobs.apply(body)
+    jobs.wait("running at 2", lambda: world_is(jobs, "uneven", 2, "Running"))
+    cluster.kubectl("scale", "tj/uneven", "-n", jobs.namespace, "--replicas=3")
+    grown = jobs.wait("grown to 3", lambda: world_is(jobs, "uneven", 3, "Running"))
+    shares = grown["plan"]["dpShares"]
+    assert shares == [11] * 16 + [10] * 8
+    members = set(grown["world"]["ranks"])
+    told = [a for n, a in assignments(jobs, "uneven").items() if n in members]
+    assert len(told) == 3 and all(a["plan"]["batchShares"] == shares for a in told)
+    assert {len(a["plan"]["ranks"]) for a in told} == {24}
+
+    small = h200_job("tiny", replicas=3, minReplicas=1)
+    small["spec"]["training"]["globalBatchSize"] = 16
+    pool.add(3)
+    jobs.apply(small)
+    short = jobs.wait(
+        "tiny runs at 2, Degraded with the reason",
+        lambda: (
+            (s := world_is(jobs, "tiny", 2, "Degraded"))
+            and any(
+                c["type"] == "Degraded" and c["reason"] == "WorldSizeUnformable"
+                for c in s["conditions"]
+            )
+            and s
+        ),
+    )
+    degraded = next(c for c in short["conditions"] if c["type"] == "Degraded")
+    assert "dp=24 replicas exceed globalBatchSize=16" in degraded["message"]
+    events = jobs.wait(
+        "an Event says why",
+        lambda: [e for e in jobs.events("tiny") if e["reason"] == "WorldSizeUnformable"],
+    )
+    assert events[0]["type"] == "Warning" and "cannot" in events[0]["message"]

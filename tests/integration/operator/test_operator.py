@@ -8,8 +8,6 @@ run on private fake H200 nodes the test adds and removes.
 from __future__ import annotations
 
 import json
-import socket
-import urllib.request
 from collections import Counter
 from typing import Any
 
@@ -18,8 +16,15 @@ import yaml
 from elastra.api import parse_trainingjob
 from elastra.controller.planning import cluster_inventory, requirements
 from elastra.planner import plan_job
+from elastra_worker.launcher import free_ports
 from tests.integration.conftest import Cluster
-from tests.integration.operator.conftest import EXAMPLES, Jobs, OperatorProcess, gpu_job
+from tests.integration.operator.conftest import (
+    EXAMPLES,
+    Jobs,
+    OperatorProcess,
+    gpu_job,
+    http_get,
+)
 
 
 def h200_job(name: str, replicas: int, **spec: Any) -> dict[str, Any]:
@@ -45,7 +50,9 @@ def test_places_the_7b_example_as_the_planner_predicts(
     cluster: Cluster, jobs: Jobs, operator: OperatorProcess
 ) -> None:
     manifest = yaml.safe_load((EXAMPLES / "gpt-7b-hetero.yaml").read_text())
-    del manifest["spec"]["checkpoint"]["volume"]  # no PVC on the fake nodes
+    # No PVC behind kwok pods (the scheduler would hold them Pending): a uri nothing reads.
+    del manifest["spec"]["checkpoint"]["volume"]
+    manifest["spec"]["checkpoint"]["uri"] = "s3://elastra-test/gpt-7b-hetero"
     nodes = cluster.get("nodes")["items"]
     pods = cluster.get("pods", "--all-namespaces")["items"]
     expected = plan_job(
@@ -270,7 +277,8 @@ def _passes(proc: OperatorProcess, job: str) -> int:
 def test_metrics_and_liveness_endpoints(
     cluster: Cluster, jobs: Jobs, private_nodes: list[str]
 ) -> None:
-    metrics_port, health_port = _free_ports(2)
+    metrics_port = free_ports(2)
+    health_port = metrics_port + 1
     proc = OperatorProcess(
         cluster,
         jobs.namespace,
@@ -282,14 +290,14 @@ def test_metrics_and_liveness_endpoints(
         jobs.wait_phase("observed", "Running")
         health = jobs.wait(
             "liveness endpoint answers",
-            lambda: _http(f"http://127.0.0.1:{health_port}/healthz"),
+            lambda: http_get(f"http://127.0.0.1:{health_port}/healthz"),
             timeout=60,
         )
         assert health is not None
         text = jobs.wait(
             "metrics show the running job",
             lambda: (
-                (t := _http(f"http://127.0.0.1:{metrics_port}/metrics"))
+                (t := http_get(f"http://127.0.0.1:{metrics_port}/metrics"))
                 and 'elastra_jobs{phase="Running"} 1.0' in t
                 and t
             ),
@@ -304,22 +312,3 @@ def test_metrics_and_liveness_endpoints(
             assert name in text, name
     finally:
         proc.stop()
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def _http(url: str) -> str | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as reply:
-            body: bytes = reply.read()
-            return body.decode()
-    except OSError:
-        return None

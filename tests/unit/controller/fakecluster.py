@@ -110,3 +110,21 @@ class FakeCluster:
             quiet = not (plan.creates or plan.patches or plan.deletes or plan.ungate)
             if quiet and plan.requeue is None:
                 return
+
+
+def gpt_job(replicas: int, **spec: Any) -> dict[str, Any]:
+    """A GPU job ``gpt`` (8 GPUs per pod) as the transcripts start from; ``spec`` overrides."""
+    body: dict[str, Any] = {
+        "replicas": replicas,
+        "minReplicas": 1,
+        "worker": {"gpus": 8, "image": "elastra-worker:dev"},
+        "checkpoint": {"volume": "gpt-checkpoints"},
+        "failurePolicy": {"maxRestarts": 3, "backoffSeconds": 0},
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "elastra.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "gpt", "namespace": "default", "uid": "u-1", "generation": 1},
+        "spec": body,
+    }

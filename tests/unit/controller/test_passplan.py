@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
+
+from elastra.api import parse_trainingjob
 from elastra.commands.status import render
 from elastra.controller.manifests import ANNOTATION_ASSIGNMENT, GANG_GATE
 from elastra.controller.passplan import Observation, plan_pass
 from elastra.controller.settings import OperatorSettings
 from elastra.elastic.resize import ResizePolicy
+from elastra.errors import UserError
 from tests.unit.controller.fakecluster import FakeCluster, node
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 SETTINGS = OperatorSettings(
     policy=ResizePolicy(
@@ -33,6 +41,7 @@ def job(replicas: int = 4, **spec: Any) -> dict[str, Any]:
             "minReplicas": 2,
             "worker": {"gpus": 8, "image": "elastra-worker:dev"},
             "training": {"globalBatchSize": 96},
+            "checkpoint": {"volume": "gpt-checkpoints"},
             "failurePolicy": {"maxRestarts": 3, "backoffSeconds": 0},
             **spec,
         },
@@ -264,3 +273,121 @@ def test_nodes_deleted_one_after_another_within_the_settle_window_give_one_resiz
     plan = step(0.6)
     assert plan.decision.reason.value == "WorkerLost" and len(plan.decision.world) == 2
     assert cluster.job.status.world.version == version + 1
+
+
+def test_a_scaled_up_cpu_job_grows_once_instead_of_churning_its_new_pods() -> None:
+    """The GPU performance model put the tiny CPU model's step at 11 ms (1 s measured), so the
+    rest of a 400-step run looked too short to pay a restart: the new pods were deleted and
+    created again on every pass (seen in the e2e suite). A CPU job's growth is not judged by a
+    prediction it has none of."""
+    body = yaml.safe_load((EXAMPLES / "llama-tiny-3d.yaml").read_text())
+    body["metadata"].update(namespace="default", uid="u-1", generation=1)
+    one = node("cpu-1", gpus=0)
+    one["status"]["allocatable"]["cpu"] = "2"
+    cluster = FakeCluster(body, [one], SETTINGS)
+    cluster.converge()
+    assert cluster.job.status.world.replicas == 2
+    cluster.job_body["spec"]["replicas"] = 4
+    deleted: list[str] = []
+    for _ in range(8):
+        deleted += cluster.step().deletes
+        cluster.schedule_and_run()
+    assert cluster.job.status.world.replicas == 4
+    assert deleted == [], "no new pod was deleted on the way"
+    plan = cluster.job.status.plan
+    assert plan is not None and (plan.dp, plan.tp, plan.pp) == (2, 2, 2)
+
+
+def finish(cluster: FakeCluster) -> None:
+    """Every worker exits 0 (the run is done)."""
+    for pod in cluster.pods.values():
+        pod["status"] = {"phase": "Succeeded"}
+
+
+def test_ttl_after_finished_deletes_the_job_when_due_and_not_before() -> None:
+    cluster = FakeCluster(job(ttlSecondsAfterFinished=60), h100s(4), SETTINGS)
+    cluster.converge()
+    finish(cluster)
+    cluster.step()  # the world finishes
+    finished = cluster.job.status
+    assert finished.phase == "Succeeded"
+    assert finished.completion_time is not None
+    plan = cluster.step(seconds=0)
+    assert not plan.delete_job
+    assert plan.requeue is not None and timedelta(seconds=57) <= plan.requeue <= timedelta(
+        seconds=60
+    )
+    cluster.now += plan.requeue
+    assert cluster.step().delete_job
+    assert cluster.job.status.completion_time == finished.completion_time
+
+
+def test_without_ttl_a_finished_job_is_kept() -> None:
+    cluster = FakeCluster(job(), h100s(4), SETTINGS)
+    cluster.converge()
+    finish(cluster)
+    cluster.step()
+    cluster.now += timedelta(days=400)
+    plan = cluster.step()
+    assert cluster.job.status.phase == "Succeeded"
+    assert not plan.delete_job and plan.requeue is None
+
+
+def test_active_deadline_stops_like_suspend_then_fails_deadline_exceeded() -> None:
+    cluster = FakeCluster(job(activeDeadlineSeconds=120), h100s(4), SETTINGS)
+    cluster.converge()
+    started = cluster.job.status.start_time
+    assert started is not None and cluster.job.status.phase == "Running"
+    plan = cluster.step(seconds=0)
+    assert plan.requeue is not None and plan.requeue <= timedelta(seconds=120)
+    cluster.now += timedelta(seconds=121)
+    cluster.step()
+    held = cluster.job.status
+    assert held.world.ranks == [] and held.phase == "Suspended"
+    suspended = next(c for c in held.conditions if c.type == "Suspended")
+    assert suspended.reason == "DeadlineExceeded"
+    assert all(assignment(cluster, p)["stop"] for p in cluster.pods)  # checkpoint, then stop
+    assert held.start_time == started
+    finish(cluster)  # the workers checkpointed and exited
+    cluster.step()
+    assert not cluster.pods
+    cluster.step()
+    failed = cluster.job.status
+    assert failed.phase == "Failed"
+    reasons = {c.type: (c.status, c.reason) for c in failed.conditions}
+    assert reasons["Failed"] == ("True", "DeadlineExceeded")
+    assert reasons["Suspended"][0] == "False"
+    assert failed.completion_time is not None
+    assert any(reason == "DeadlineExceeded" for reason, _ in cluster.events)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("ttlSecondsAfterFinished", -1),
+        ("ttlSecondsAfterFinished", 31_536_001),
+        ("activeDeadlineSeconds", 0),
+        ("activeDeadlineSeconds", 31_536_001),
+    ],
+)
+def test_lifetime_fields_are_bounded(field: str, value: int) -> None:
+    with pytest.raises(UserError, match=field):
+        parse_trainingjob(job(**{field: value}))
+
+
+def test_suspend_resets_the_start_time_so_the_deadline_counts_afresh() -> None:
+    cluster = FakeCluster(job(activeDeadlineSeconds=120), h100s(4), SETTINGS)
+    cluster.converge()
+    first = cluster.job.status.start_time
+    cluster.job_body["spec"]["suspend"] = True
+    cluster.step()
+    assert cluster.job.status.start_time is None
+    for pod in cluster.pods.values():
+        pod["status"]["phase"] = "Succeeded"
+    cluster.now += timedelta(seconds=300)  # longer than the deadline, but suspended
+    cluster.step()
+    cluster.job_body["spec"]["suspend"] = False
+    cluster.converge()
+    status = cluster.job.status
+    assert status.phase == "Running" and status.world.replicas == 4
+    assert status.start_time is not None and status.start_time != first

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import resource
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
 
 from elastra.controller.observe import WorkerProgress, parse_metrics, rank0_address
 from elastra.controller.passplan import Observation, plan_pass
+from elastra.controller.progress import MAX_METRICS_BYTES, fetch_metrics
 from tests.unit.controller.fakecluster import FakeCluster, node
 from tests.unit.controller.test_passplan import SETTINGS, h100s, job
 
@@ -26,6 +35,77 @@ def test_parse_reads_the_progress_gauges() -> None:
     )
     assert parse_metrics("# nothing yet\nelastra_worker_world_version 1.0\n") is None
     assert parse_metrics("elastra_worker_step not-a-number\n") is None
+
+
+@pytest.mark.parametrize(
+    "value", ["NaN", "nan", "+Inf", "-Inf", "1e400", "-1", "-0.5", "inf", "1e999999"]
+)
+def test_a_value_that_is_no_count_is_ignored(value: str) -> None:
+    """Before: NaN and infinities raised out of int(), negative steps were recorded."""
+    for gauge in ("step", "last_checkpoint_step", "world_version", "samples_per_second"):
+        page = PAGE.replace(f"elastra_worker_{gauge} ", f"elastra_worker_{gauge} {value} #")
+        got = parse_metrics(page)
+        if gauge == "step":
+            assert got is None
+        else:
+            assert got is not None and got.step == 42
+            assert getattr(got, gauge) in (None, 0.0)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@asynccontextmanager
+async def serving(handler: Handler) -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}/metrics"
+    finally:
+        await runner.cleanup()
+
+
+def fetch(handler: Handler) -> WorkerProgress | None:
+    async def go() -> WorkerProgress | None:
+        async with serving(handler) as url, aiohttp.ClientSession() as session:
+            return await fetch_metrics(session, url)
+
+    return asyncio.run(go())
+
+
+async def small_page(request: web.Request) -> web.StreamResponse:
+    return web.Response(text=PAGE)
+
+
+async def endless_page(request: web.Request) -> web.StreamResponse:
+    """200 MiB of metric lines without a Content-Length (chunked), as a hostile worker sends."""
+    reply = web.StreamResponse()
+    await reply.prepare(request)
+    line = b"elastra_worker_step 1.0\n" * 4096
+    try:
+        for _ in range((200 << 20) // len(line)):
+            await reply.write(line)
+    except ConnectionError:
+        pass  # the reader hung up, as it should
+    return reply
+
+
+async def declared_huge_page(request: web.Request) -> web.StreamResponse:
+    return web.Response(body=b"x" * (MAX_METRICS_BYTES + 1))
+
+
+def test_fetch_reads_a_page_and_stops_at_the_bound() -> None:
+    assert fetch(small_page) == parse_metrics(PAGE)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    assert fetch(endless_page) is None
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 64, f"peak RSS grew {grown_mib:.0f} MiB reading a 200 MiB page"
+    assert fetch(declared_huge_page) is None
 
 
 def running() -> FakeCluster:

@@ -1,38 +1,25 @@
-"""The shared cluster snapshot's reservations: concurrent job loops never plan the same GPUs.
+"""The snapshot over the informers' caches: reservations keep concurrent job loops off the same
+GPUs and keep a pass from taking a pod it just created for a lost one, and end without leaking.
 
-The lister here is an in-memory list of dicts standing in for list responses; the real API
-server is exercised by tests/integration and bench/bench_operator_scale.py.
+The informers here are fed by hand (``replace``, ``apply``) as their watches would feed them;
+the real list and watch are tested in tests/unit/kube/test_informer.py and the whole operator
+against the real API server in tests/integration.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-from typing import Any, cast
+from typing import Any
 
+import pytest
+
+from elastra.controller import snapshot as snapshot_module
 from elastra.controller.observe import _node_health, slim_node, slim_pod
 from elastra.controller.planning import cluster_inventory
-from elastra.controller.reconcile import Cluster, ClusterSnapshot
 from elastra.controller.sharing import _live_pods
-from elastra.kube.client import Kube
+from elastra.controller.snapshot import Cluster, ClusterSnapshot, job_of, keep_pod
+from elastra.kube.informer import Informer
 from tests.unit.controller.fakecluster import node
-
-
-class Listing:
-    """Answers ``list`` from in-memory nodes and pods, counting calls."""
-
-    def __init__(self) -> None:
-        self.nodes: list[dict[str, Any]] = [node("n1", gpus=8)]
-        self.pods: list[dict[str, Any]] = []
-        self.calls = 0
-
-    async def list(self, path: str, label_selector: str | None = None) -> list[dict[str, Any]]:
-        self.calls += 1
-        if path == "/api/v1/nodes":
-            return list(self.nodes)
-        if path == "/api/v1/pods":
-            return list(self.pods)
-        return []
 
 
 def gated_pod(name: str, *, node_name: str = "n1", gpus: int = 4) -> dict[str, Any]:
@@ -51,65 +38,134 @@ def gated_pod(name: str, *, node_name: str = "n1", gpus: int = 4) -> dict[str, A
     }
 
 
+def answered(pod: dict[str, Any], version: str = "7") -> dict[str, Any]:
+    """The pod as the API server answers a create: with a resourceVersion."""
+    return {**pod, "metadata": {**pod["metadata"], "resourceVersion": version}}
+
+
+def synced_snapshot(pods: list[dict[str, Any]] | None = None) -> ClusterSnapshot:
+    snap = ClusterSnapshot(
+        nodes=Informer(None, "/api/v1/nodes", transform=slim_node),
+        pods=Informer(None, "/api/v1/pods", transform=keep_pod, index=job_of),
+        jobs=Informer(None, "/apis/elastra.dev/v1alpha1/trainingjobs"),
+    )
+    snap.nodes.replace([node("n1", gpus=8)], "1")
+    snap.pods.replace(pods or [], "1")
+    snap.jobs.replace([], "1")
+    return snap
+
+
 def free_gpus(cluster: Cluster) -> int:
     inventory = cluster_inventory(cluster.nodes, cluster.pods, extra=cluster.reserved)
     return sum(n.free_gpus for n in inventory.nodes)
 
 
-def snapshot(listing: Listing, ttl_s: float = 1000.0) -> ClusterSnapshot:
-    return ClusterSnapshot(cast(Kube, listing), ttl_s=ttl_s)
+def names(pods: list[dict[str, Any]]) -> list[str]:
+    return [p["metadata"]["name"] for p in pods]
 
 
-def test_a_reserved_pod_holds_its_gpus_before_any_listing_shows_it() -> None:
-    listing = Listing()
-    snap = snapshot(listing)
-
-    async def run() -> None:
-        first = await snap.read()
-        assert free_gpus(first) == 8
-        snap.reserve([gated_pod("a-0")])
-        second = await snap.read()
-        assert listing.calls == 3, "the reservation must not need a fresh listing"
-        assert free_gpus(second) == 4
-
-    asyncio.run(run())
-
-
-def test_a_reservation_ends_only_with_a_listing_started_after_its_create_returned() -> None:
-    listing = Listing()
-    snap = snapshot(listing)
+def test_a_reserved_pod_holds_its_gpus_and_is_the_jobs_until_the_cache_shows_it() -> None:
+    snap = synced_snapshot()
     pod = gated_pod("a-0")
-
-    async def fresh() -> int:
-        snap.invalidate()
-        return free_gpus(await snap.read())
-
-    async def run() -> None:
-        snap.reserve([pod])
-        # In flight: a fresh listing without the pod still counts it.
-        assert await fresh() == 4
-        # The create failed (nothing listed): once settled, the next listing frees the GPUs.
-        snap.settle([pod])
-        assert await fresh() == 8
-        assert listing.calls == 6
-
-    asyncio.run(run())
+    assert free_gpus(snap.read()) == 8
+    snap.reserve([pod])
+    assert free_gpus(snap.read()) == 4
+    assert names(snap.job_pods("ns", "a")) == ["a-0"], "a pod in flight is not a lost pod"
+    snap.created(pod, answered(pod))
+    assert snap.job_pods("ns", "a")[0]["metadata"]["resourceVersion"] == "7"
+    snap.pods.apply({"type": "ADDED", "object": answered(pod, "8")})
+    cluster = snap.read()
+    assert not cluster.reserved and free_gpus(cluster) == 4, "not counted twice"
+    assert snap.job_pods("ns", "a")[0]["metadata"]["resourceVersion"] == "8"
+    assert snap.job_pods("ns", "b") == []
 
 
-def test_a_listed_pod_is_not_counted_twice() -> None:
-    listing = Listing()
-    snap = snapshot(listing)
+def test_a_pod_the_watch_reports_before_the_create_returns_ends_its_reservation() -> None:
+    snap = synced_snapshot()
     pod = gated_pod("a-0")
+    snap.reserve([pod])
+    snap.pods.apply({"type": "ADDED", "object": answered(pod)})
+    snap.pods.apply({"type": "DELETED", "object": answered(pod, "9")})
+    snap.created(pod, answered(pod))
+    assert free_gpus(snap.read()) == 8 and snap.job_pods("ns", "a") == []
 
-    async def run() -> None:
-        snap.reserve([pod])
-        listing.pods.append(pod)
-        snap.invalidate()
-        cluster = await snap.read()
-        assert len(cluster.pods) == 1 and not cluster.reserved
-        assert free_gpus(cluster) == 4
 
-    asyncio.run(run())
+def test_reservations_end_when_the_create_fails_or_was_never_sent() -> None:
+    snap = synced_snapshot()
+    failed, unsent, sent = gated_pod("a-0"), gated_pod("a-1"), gated_pod("b-0", gpus=2)
+    snap.reserve([failed, unsent, sent])
+    snap.unreserve(failed)
+    snap.created(sent, answered(sent))
+    snap.release([failed, unsent, sent])  # the pass is over: a-1 was never created
+    assert names(list(snap.read().reserved)) == ["b-0"]
+    assert free_gpus(snap.read()) == 6
+
+
+def test_a_reservation_the_watch_never_reports_expires(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(snapshot_module.time, "monotonic", lambda: clock[0])
+    snap = synced_snapshot()
+    pod = gated_pod("a-0")
+    snap.reserve([pod])
+    clock[0] += 10 * snapshot_module.RESERVATION_TTL_S
+    assert free_gpus(snap.read()) == 4, "a create still in flight never expires"
+    snap.created(pod, None)
+    clock[0] += snapshot_module.RESERVATION_TTL_S - 1
+    assert free_gpus(snap.read()) == 4
+    clock[0] += 2
+    assert free_gpus(snap.read()) == 8
+
+
+def test_tuples_are_rebuilt_only_for_the_informer_that_changed() -> None:
+    snap = synced_snapshot([gated_pod("a-0")])
+    first = snap.read()
+    assert snap.read() is first
+    beat = node("n1", gpus=8)
+    beat["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-01-01T00:00:01Z"
+    snap.nodes.apply({"type": "MODIFIED", "object": beat})
+    assert snap.read() is first, "a heartbeat changes nothing the planner reads"
+    snap.pods.apply({"type": "ADDED", "object": gated_pod("b-0")})
+    second = snap.read()
+    assert second.nodes is first.nodes and second.jobs is first.jobs
+    assert second.pods is not first.pods and len(second.pods) == 2
+
+
+def test_a_status_write_is_in_the_cache_at_once_unless_the_watch_was_faster() -> None:
+    snap = synced_snapshot()
+    job = {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "3"}, "status": {}}
+    snap.jobs.apply({"type": "ADDED", "object": job})
+    written = {**job, "metadata": {**job["metadata"], "resourceVersion": "4"}, "status": {"a": 1}}
+    snap.wrote_job(job, written)
+    assert snap.job("ns", "j") == written
+    newer = {**written, "metadata": {**written["metadata"], "resourceVersion": "6"}}
+    snap.jobs.apply({"type": "MODIFIED", "object": newer})
+    snap.wrote_job(job, {**written, "status": {"stale": True}})
+    assert snap.job("ns", "j") == newer
+
+
+def test_a_patch_answer_updates_the_cache_or_the_reservation() -> None:
+    listed = answered(gated_pod("a-0"), "5")
+    snap = synced_snapshot([listed])
+    patched = answered(gated_pod("a-0"), "6")
+    patched["spec"].pop("schedulingGates")
+    snap.wrote_pod(snap.current_pod("ns", "a-0"), patched)
+    assert snap.job_pods("ns", "a") == [patched]
+    fresh = gated_pod("a-1")
+    snap.reserve([fresh])
+    snap.created(fresh, answered(fresh, "7"))
+    ungated = answered(gated_pod("a-1"), "8")
+    snap.wrote_pod(snap.current_pod("ns", "a-1"), ungated)
+    assert snap.job_pods("ns", "a")[1] == ungated
+
+
+def test_other_tenants_pods_are_kept_slim_and_worker_pods_whole() -> None:
+    worker = answered(gated_pod("a-0"))
+    worker["metadata"]["managedFields"] = [{"manager": "elastra"}]
+    other = {**answered(gated_pod("x-0")), "metadata": {"name": "x-0", "namespace": "ns"}}
+    other["spec"]["volumes"] = [{"name": "big"}]
+    assert keep_pod(other) == slim_pod(other)
+    kept = keep_pod(worker)
+    assert "managedFields" not in kept["metadata"] and kept["spec"] == worker["spec"]
 
 
 def test_slim_listings_give_the_same_capacity_health_and_counts() -> None:
@@ -136,24 +192,3 @@ def test_slim_listings_give_the_same_capacity_health_and_counts() -> None:
     assert _node_health(slim_nodes) == _node_health(nodes)
     assert _live_pods(slim_pods) == _live_pods(pods)
     assert len(json.dumps(slim_pods)) < len(json.dumps(pods)) / 2
-
-
-def test_a_listing_invalidated_while_in_flight_is_not_taken_as_fresh() -> None:
-    listing = Listing()
-    snap = snapshot(listing)
-
-    class Slow(Listing):
-        async def list(self, path: str, label_selector: str | None = None) -> list[dict[str, Any]]:
-            if path == "/api/v1/nodes":
-                snap.invalidate()  # a node was deleted while this listing was on the wire
-            return await super().list(path, label_selector)
-
-    slow = Slow()
-    snap.kube = cast(Kube, slow)
-
-    async def run() -> None:
-        await snap.read()
-        await snap.read()
-        assert slow.calls == 6, "the second read lists again"
-
-    asyncio.run(run())

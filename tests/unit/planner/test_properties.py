@@ -104,7 +104,13 @@ def test_every_plan_respects_capacity_tp_locality_memory_and_types(
             gpu = types[share.gpu_type]
             assert candidate.predicted.peak_memory_gib <= usable_memory_gib(gpu)
             assert not job.gpu_types or any(matches(p, gpu) for p in job.gpu_types)
-        assert sum(s.replicas * s.batch_share for s in candidate.types) == job.global_batch_size
+        shares = candidate.batch_shares
+        assert len(shares) == candidate.dp and sum(shares) == job.global_batch_size
+        assert all(s > 0 and s % candidate.micro_batch == 0 for s in shares)
+        for share in candidate.types:  # one type's replicas differ by one micro-batch at most
+            spread = max(share.replica_shares) - min(share.replica_shares)
+            rounds = candidate.pp if candidate.interleave > 1 else 1
+            assert spread <= candidate.micro_batch * rounds
         assert job.heterogeneous or len(candidate.types) == 1
         if job.tensor is not None:
             assert (candidate.tp, candidate.pp) == (job.tensor, job.pipeline)

@@ -1,0 +1,167 @@
+"""The pod writes that make a job's children match the world recorded in its status.
+
+Given the status a pass records and what the resize decision asked, every pod gets the
+assignment that status implies (its rank, or told to checkpoint and stop), new pods are
+created gated on the planned nodes, and pods that must go are deleted. The assignments are
+derived from the recorded world alone, so a pass interrupted after the status write is
+repaired by the next one writing the same assignments.
+
+Pure: values in, pod bodies and patches out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from elastra.api import TrainingJob, TrainingJobStatus
+from elastra.controller.manifests import (
+    ANNOTATION_ASSIGNMENT,
+    ANNOTATION_RETIRED,
+    LABEL_WORLD,
+    RankSpec,
+    assignment_json,
+    pod_name,
+    worker_pod,
+)
+from elastra.controller.observe import PodFacts, format_time
+from elastra.controller.planning import Placement, assignment_plan
+from elastra.controller.settings import OperatorSettings
+from elastra.elastic.resize import ResizeDecision
+from elastra.elastic.workers import WorkerState
+
+MAX_SLOTS = 1 << 20
+"""Slot numbers a job's pods may take (pod names end in their slot)."""
+
+
+@dataclass(frozen=True)
+class Children:
+    """The pod writes of one pass (see ``PassPlan`` for their order)."""
+
+    creates: tuple[dict[str, Any], ...]
+    patches: tuple[tuple[str, dict[str, Any]], ...]
+    deletes: tuple[str, ...]
+    ungate: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Writer:
+    """What every pod write of the pass depends on."""
+
+    job: TrainingJob
+    status: TrainingJobStatus
+    """The status this pass records: its world is what the children must match."""
+    facts: Mapping[str, PodFacts]
+    settings: OperatorSettings
+
+    def assignment(self, name: str, *, retiring: bool) -> str:
+        """The assignment pod ``name`` must carry: its rank in the world, or stop."""
+        job, status = self.job, self.status
+        world = status.world
+        rank: RankSpec | None = None
+        if not retiring and name in world.ranks and status.plan is not None:
+            rank = RankSpec(
+                rank={p.pod: p.rank for p in status.placement}.get(name, 0),
+                world_size=world.size,
+                master_addr=self._leader_address(),
+                plan=assignment_plan(status.plan, job),
+            )
+        return assignment_json(
+            job, version=world.version, rank=rank, stop=retiring, settings=self.settings
+        )
+
+    def _leader_address(self) -> str:
+        """Rank 0's pod IP, or its stable DNS name until it has one."""
+        job, status = self.job, self.status
+        leader = next((p.pod for p in status.placement if p.rank == 0), status.world.ranks[0])
+        fact = self.facts.get(leader)
+        return (fact.ip if fact else None) or (
+            f"{leader}.{job.metadata.name}.{job.metadata.namespace}.svc"
+        )
+
+
+def children(
+    job: TrainingJob,
+    status: TrainingJobStatus,
+    *,
+    facts: Mapping[str, PodFacts],
+    decision: ResizeDecision,
+    placement: Placement,
+    settings: OperatorSettings,
+    now: datetime,
+) -> Children:
+    """Pod writes that make the children match the world recorded in ``status``."""
+    writer = _Writer(job=job, status=status, facts=facts, settings=settings)
+    creates = _creates(writer, placement, count=decision.create)
+    return Children(
+        creates=creates,
+        patches=_patches(writer, decision, now),
+        deletes=_deletes(facts, decision),
+        ungate=_ungate(facts, decision, creates),
+    )
+
+
+def _deletes(facts: Mapping[str, PodFacts], decision: ResizeDecision) -> tuple[str, ...]:
+    """The pods the decision drops, and terminating pods whose node is gone (to force)."""
+    stuck = {n for n, f in facts.items() if f.node_gone and f.view.state is WorkerState.TERMINATING}
+    return tuple(sorted({p for p in decision.delete if p in facts} | stuck))
+
+
+def _patches(
+    writer: _Writer, decision: ResizeDecision, now: datetime
+) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """Assignment (and retirement) patches for pods whose annotation is not what it must be."""
+    version = writer.status.world.version
+    patches: list[tuple[str, dict[str, Any]]] = []
+    for name, fact in sorted(writer.facts.items()):
+        if name in decision.delete or fact.view.state is WorkerState.TERMINATING:
+            continue
+        told = fact.view.retiring_since is not None
+        retiring = told or name in decision.retire
+        wanted = writer.assignment(name, retiring=retiring)
+        if wanted == fact.assignment and (told or not retiring):
+            continue
+        annotations = {ANNOTATION_ASSIGNMENT: wanted}
+        if retiring and not told:
+            annotations[ANNOTATION_RETIRED] = format_time(now)
+        labels = {LABEL_WORLD: str(version)}
+        patches.append((name, {"metadata": {"annotations": annotations, "labels": labels}}))
+    return tuple(patches)
+
+
+def _creates(writer: _Writer, placement: Placement, *, count: int) -> tuple[dict[str, Any], ...]:
+    """The first ``count`` placed pods, each in the lowest slot no pod of the job holds."""
+    slots = _free_slots(writer.facts)
+    job = writer.job
+    created = []
+    for new in placement.pods[:count]:
+        slot = next(slots)
+        created.append(
+            worker_pod(
+                job,
+                slot=slot,
+                node=new.node,
+                gpu_type=new.gpu_type,
+                assignment=writer.assignment(pod_name(job.metadata.name, slot), retiring=False),
+                version=writer.status.world.version,
+                settings=writer.settings,
+            )
+        )
+    return tuple(created)
+
+
+def _free_slots(facts: Mapping[str, PodFacts]) -> Iterator[int]:
+    used = {f.view.slot for f in facts.values()}
+    return (s for s in range(MAX_SLOTS) if s not in used)
+
+
+def _ungate(
+    facts: Mapping[str, PodFacts], decision: ResizeDecision, creates: tuple[dict[str, Any], ...]
+) -> tuple[str, ...]:
+    """Gang admission: the batch is created gated and ungated only after every create of the
+    pass returned (the reconciler stops at the first failed create), so a batch that fails
+    halfway never holds GPUs, and one that succeeds needs no second pass to start."""
+    gated = [name for name, f in facts.items() if f.gated and name not in decision.delete]
+    return tuple(sorted([*gated, *(str(p["metadata"]["name"]) for p in creates)]))

@@ -1,0 +1,226 @@
+"""The cluster as every pass reads it: the informers' stores, plus the pods being created.
+
+Passes read nodes, pods and TrainingJobs from watch-fed caches (``elastra.kube.informer``), so
+a pass makes no read request at all, and a steady job costs the API server nothing.
+
+A cache lags the writes that passes make, which matters in two ways:
+
+- Job loops plan concurrently, so without help two jobs could pick the same free GPUs in the
+  moment before either's new pods reach the cache, and the scheduler would leave one gang
+  Unschedulable. Each pass therefore ``reserve``s the pods it is about to create in the same
+  event-loop step in which it planned them (``read`` does not await), and every later read
+  counts them as placed.
+- A pass must never take a pod it just created for a lost one (and re-plan the world). The
+  reservations are also the pass's "expectations": ``job_pods`` returns the cached pods of a
+  job plus its reserved pods the cache does not show yet (the create's answer once it came).
+
+A reservation ends when the pods informer reports the pod (added, changed or deleted: from
+then on the cache tells the truth), when its create fails, or ``RESERVATION_TTL_S`` after
+its create returned, so a pod the watch never reports (created and deleted across a relist)
+cannot hold capacity forever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from elastra.controller.manifests import LABEL_JOB
+from elastra.controller.observe import slim_node, slim_pod
+from elastra.kube import resources
+from elastra.kube.client import JsonDict, Kube
+from elastra.kube.informer import Informer, Key, key_of, version_of, without_managed_fields
+
+LOST_NODE_MEMORY = timedelta(hours=1)
+RESERVATION_TTL_S = 60.0
+"""How long a created pod the pods informer never reported still counts as placed."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What every job's pass shares: all nodes, all pods, all TrainingJobs (in tuples that stay
+    the same objects until their informer changes, so derived values are cached per change),
+    and the pods being created that the cache does not show yet."""
+
+    nodes: tuple[JsonDict, ...]
+    pods: tuple[JsonDict, ...]
+    jobs: tuple[JsonDict, ...]
+    reserved: tuple[JsonDict, ...] = ()
+    lost_nodes: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
+
+
+@dataclass
+class _Reservation:
+    """A pod a pass is creating: the manifest, then the create's answer."""
+
+    pod: JsonDict
+    settled: float | None = None
+    """When its create call returned (monotonic); ``None`` while it is in flight."""
+
+
+def job_of(pod: Mapping[str, object]) -> tuple[str, str] | None:
+    """(namespace, job) of an Elastra worker pod; ``None`` for any other pod."""
+    meta = pod.get("metadata") or {}
+    assert isinstance(meta, Mapping)
+    job = (meta.get("labels") or {}).get(LABEL_JOB)
+    return (str(meta.get("namespace") or ""), str(job)) if job else None
+
+
+def keep_pod(pod: JsonDict) -> JsonDict:
+    """What the pods cache keeps: a worker pod whole (passes read its status and
+    annotations), any other pod only as much as capacity needs (``slim_pod``)."""
+    return without_managed_fields(pod) if job_of(pod) is not None else slim_pod(pod)
+
+
+@dataclass
+class ClusterSnapshot:
+    """Nodes, pods and TrainingJobs from their informers, and this operator's reservations."""
+
+    nodes: Informer
+    pods: Informer
+    jobs: Informer
+    _cluster: Cluster = field(default_factory=lambda: Cluster((), (), ()))
+    _built: tuple[int, int, int] = (-1, -1, -1)
+    _reserved: dict[Key, _Reservation] = field(default_factory=dict)
+    _lost_nodes: dict[str, datetime] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.pods.listeners.append(self._pod_seen)
+
+    @classmethod
+    def watching(cls, kube: Kube, *, watch_timeout_s: float = 600.0) -> ClusterSnapshot:
+        """A snapshot over informers of every node, pod and TrainingJob of the cluster.
+
+        Cluster-wide even when the operator manages one namespace: capacity counts every pod
+        on a node, and scarce GPU types are shared between the jobs of all namespaces.
+        """
+        return cls(
+            nodes=resources.nodes_informer(kube, slim_node, watch_timeout_s=watch_timeout_s),
+            pods=resources.pods_informer(
+                kube, keep_pod, index=job_of, watch_timeout_s=watch_timeout_s
+            ),
+            jobs=resources.jobs_informer(kube, watch_timeout_s=watch_timeout_s),
+        )
+
+    @property
+    def informers(self) -> tuple[Informer, Informer, Informer]:
+        """The three informers (the operator runs each as a task)."""
+        return (self.nodes, self.pods, self.jobs)
+
+    @property
+    def synced(self) -> bool:
+        """True once every informer has its first list."""
+        return all(i.synced for i in self.informers)
+
+    async def wait_synced(self) -> None:
+        """Return once every informer has its first list (no pass plans from a partial view)."""
+        for informer in self.informers:
+            await informer.wait_synced()
+
+    def read(self) -> Cluster:
+        """The cluster as cached now, plus reservations (never awaits: see the module doc)."""
+        self._rebuild()
+        now = time.monotonic()
+        self._reserved = {
+            k: r
+            for k, r in self._reserved.items()
+            if r.settled is None or now - r.settled < RESERVATION_TTL_S
+        }
+        extra = tuple(slim_pod(r.pod) for r in self._reserved.values())
+        if not extra and not self._lost_nodes:
+            return self._cluster
+        return dataclasses.replace(self._cluster, reserved=extra, lost_nodes=dict(self._lost_nodes))
+
+    def _rebuild(self) -> None:
+        """New tuples for the informers that changed since the last read, and only for them."""
+        nodes, pods, jobs = self.nodes.version, self.pods.version, self.jobs.version
+        if (nodes, pods, jobs) == self._built:
+            return
+        was = self._cluster
+        self._cluster = Cluster(
+            nodes=was.nodes if nodes == self._built[0] else tuple(self.nodes.items()),
+            pods=(
+                was.pods
+                if pods == self._built[1]
+                else tuple(slim_pod(p) for p in self.pods.items())
+            ),
+            jobs=was.jobs if jobs == self._built[2] else tuple(self.jobs.items()),
+        )
+        self._built = (nodes, pods, jobs)
+
+    def job(self, namespace: str, name: str) -> JsonDict | None:
+        """The cached TrainingJob, or ``None``."""
+        return self.jobs.get(namespace, name)
+
+    def job_pods(self, namespace: str, name: str) -> list[JsonDict]:
+        """The job's cached pods, and those it is creating that the cache does not show yet."""
+        cached = self.pods.indexed((namespace, name))
+        seen = {key_of(p) for p in cached}
+        extra = [
+            r.pod
+            for k, r in self._reserved.items()
+            if k not in seen and job_of(r.pod) == (namespace, name)
+        ]
+        return cached + extra
+
+    def reserve(self, pods: Sequence[JsonDict]) -> None:
+        """Count ``pods`` as placed from now on (call before awaiting anything after planning)."""
+        for pod in pods:
+            self._reserved[key_of(pod)] = _Reservation(pod)
+
+    def created(self, pod: JsonDict, answer: JsonDict | None) -> None:
+        """The create of ``pod`` returned ``answer`` (the server's object; ``None``: it existed)."""
+        found = self._reserved.get(key_of(pod))
+        if found is not None:
+            found.settled = time.monotonic()
+            if answer is not None:
+                found.pod = without_managed_fields(answer)
+
+    def unreserve(self, pod: JsonDict) -> None:
+        """The create of ``pod`` failed: its GPUs are free again."""
+        self._reserved.pop(key_of(pod), None)
+
+    def release(self, pods: Sequence[JsonDict]) -> None:
+        """The pass is over: reservations of its creates that never returned are dropped.
+
+        A pass that stopped early (a 409 on the status write, a failed delete) never sent
+        those creates; without this they would hold their GPUs forever.
+        """
+        for pod in pods:
+            found = self._reserved.get(key_of(pod))
+            if found is not None and found.settled is None:
+                del self._reserved[key_of(pod)]
+
+    def current_pod(self, namespace: str, name: str) -> JsonDict | None:
+        """A pod as this operator knows it now: its reservation's, else the cache's."""
+        found = self._reserved.get((namespace, name))
+        return found.pod if found is not None else self.pods.get(namespace, name)
+
+    def wrote_job(self, before: JsonDict, after: JsonDict) -> None:
+        """A status write returned ``after``: the cache holds it at once (see ``Informer``)."""
+        self.jobs.written(version_of(before), after)
+
+    def wrote_pod(self, before: JsonDict | None, after: JsonDict | None) -> None:
+        """A pod patch from ``before`` returned ``after`` (``None``: the pod was gone)."""
+        if before is None or after is None:
+            return
+        found = self._reserved.get(key_of(after))
+        if found is not None:
+            if version_of(found.pod) == version_of(before):
+                found.pod = without_managed_fields(after)
+            return
+        self.pods.written(version_of(before), after)
+
+    def node_lost(self, name: str, when: datetime) -> None:
+        """A node was deleted: remember when (for an hour; see ``observe.pod_facts``)."""
+        self._lost_nodes = {
+            n: t for n, t in self._lost_nodes.items() if when - t < LOST_NODE_MEMORY
+        }
+        self._lost_nodes.setdefault(name, when)
+
+    def _pod_seen(self, kind: str, old: JsonDict | None, new: JsonDict | None) -> None:
+        """The pods informer reported a pod: from now on the cache tells its truth."""
+        self._reserved.pop(key_of(new or old or {}), None)

@@ -1,0 +1,186 @@
+"""What one pass says about each condition: one small function per condition.
+
+A running pass gathers what it found (``Findings``) and asks each condition's function for
+its ``Verdict``; ``conditions.merge_conditions`` turns them into the status's conditions.
+A job that fails gets ``failure``'s verdicts instead. Reasons are ``ConditionReason``s, the
+resize decision's ``Reason``s, or a hold's.
+
+Pure: values in, verdicts out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from elastra.api import Condition, ConditionType
+from elastra.controller.admission import Hold
+from elastra.controller.conditions import ConditionReason, Verdict
+from elastra.controller.observe import PodFacts
+from elastra.controller.planning import Placement
+from elastra.elastic.resize import ResizeDecision
+from elastra.elastic.workers import WorkerState
+
+PLANNED_MESSAGE = "the planner found a plan"
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What a running pass found and decided, as the conditions read it."""
+
+    replicas: int
+    """The workers the job asks for (``spec.replicas``)."""
+    decision: ResizeDecision
+    members: Sequence[PodFacts]
+    """The pods of the world this pass records that exist."""
+    world_size: int
+    """Pods in the world this pass records (members or not)."""
+    live: Sequence[PodFacts]
+    """Pods neither retiring nor broken: the ones that should be, or get, bound."""
+    placement: Placement
+    impossible: str | None = None
+    """Why waiting cannot help (no node of an allowed GPU type), if so."""
+    plan_problem: str | None = None
+    """Why the world the decision asked for cannot train, if it cannot."""
+    hold: Hold | None = None
+    note: tuple[str, str] | None = None
+    """Admission's reason and message for Admitted (Kueue), if it gave one."""
+
+
+def admitted(found: Findings) -> Verdict:
+    """Admitted: False only when no node could ever run the job."""
+    if found.impossible is not None:
+        return Verdict(ConditionType.ADMITTED, False, ConditionReason.UNPLACEABLE, found.impossible)
+    reason, message = found.note or (ConditionReason.PLANNED, PLANNED_MESSAGE)
+    return Verdict(ConditionType.ADMITTED, True, reason, message)
+
+
+def placed(found: Findings) -> Verdict:
+    """Placed: every live pod is bound to a node."""
+    unbound = [f for f in found.live if not f.bound]
+    true = bool(found.live) and not unbound
+    reason: str = ConditionReason.PLACED
+    message = f"{len(found.live) - len(unbound)} of {len(found.live)} bound"
+    if found.impossible is not None:
+        reason, message = ConditionReason.UNPLACEABLE, found.impossible
+    elif not found.live and found.placement.reason:
+        reason, message = ConditionReason.INSUFFICIENT_CAPACITY, found.placement.reason
+    elif unbound:
+        stuck = any(f.view.unschedulable for f in unbound)
+        reason = ConditionReason.UNSCHEDULABLE if stuck else ConditionReason.BINDING
+    return Verdict(ConditionType.PLACED, true, reason, message)
+
+
+def running(found: Findings) -> Verdict:
+    """Running: the world has pods and every one of them is Ready."""
+    members = found.members
+    if members and all(f.view.state is WorkerState.READY for f in members):
+        message = f"{found.world_size} workers in the world"
+        return Verdict(ConditionType.RUNNING, True, ConditionReason.WORLD_RUNNING, message)
+    return Verdict(
+        ConditionType.RUNNING, False, ConditionReason.NOT_RUNNING, found.decision.message
+    )
+
+
+def resizing(found: Findings) -> Verdict:
+    """Resizing: the decision changes the world or its pods."""
+    decision = found.decision
+    if decision.resizes:
+        return Verdict(ConditionType.RESIZING, True, decision.reason.value, decision.message)
+    return Verdict(ConditionType.RESIZING, False, ConditionReason.STEADY)
+
+
+def degraded(found: Findings) -> Verdict:
+    """Degraded: the job trains below what it asks for, or cannot train the world it has.
+
+    A held job is never Degraded (it is Suspended) but keeps the reason it would have.
+    """
+    why = _degradation(found)
+    if why is None:
+        return Verdict(ConditionType.DEGRADED, False, ConditionReason.AT_DESIRED)
+    reason, message = why
+    return Verdict(ConditionType.DEGRADED, found.hold is None, reason, message)
+
+
+def _degradation(found: Findings) -> tuple[str, str] | None:
+    """Why the job is degraded (reason, message), or ``None``: it is not (or is unplaceable,
+    which Admitted and Placed say)."""
+    decision = found.decision
+    if found.impossible is not None:
+        return None
+    if decision.degraded:
+        return decision.reason.value, found.plan_problem or decision.message
+    if found.plan_problem is not None:
+        return ConditionReason.BELOW_DESIRED, found.plan_problem
+    return _shortage(found) if _short(found) else None
+
+
+def _shortage(found: Findings) -> tuple[str, str]:
+    """A world short of ``replicas``: the planner's why, when it knows one."""
+    placement = found.placement
+    message = f"world has {found.world_size} of {found.replicas} desired workers"
+    if placement.limited and placement.short_reason:
+        message += f"; {found.replicas} cannot: {placement.short_reason}"
+    if placement.unformable:
+        return ConditionReason.SIZE_UNFORMABLE, message
+    return ConditionReason.BELOW_DESIRED, message
+
+
+def _short(found: Findings) -> bool:
+    """Short of workers, not merely forming: a job whose pods all exist but are not Ready or
+    not in the world yet is starting or growing, which is no reason for a Warning."""
+    placement = found.placement
+    return (
+        found.world_size < found.replicas
+        and len(found.live) < found.replicas
+        and (placement.limited or placement.target is None)
+    )
+
+
+def suspended(found: Findings) -> Verdict:
+    """Suspended: something holds the job (``spec.suspend``, Kueue, the deadline)."""
+    if found.hold is None:
+        return Verdict(ConditionType.SUSPENDED, False, ConditionReason.ACTIVE)
+    return Verdict(ConditionType.SUSPENDED, True, found.hold.reason, found.hold.message)
+
+
+def succeeded(found: Findings) -> Verdict:
+    """Succeeded: every worker of the world exited 0."""
+    decision = found.decision
+    if decision.completed:
+        reason = ConditionReason.ALL_WORKERS_SUCCEEDED
+        return Verdict(ConditionType.SUCCEEDED, True, reason, decision.message)
+    return Verdict(ConditionType.SUCCEEDED, False, ConditionReason.NOT_FINISHED)
+
+
+RUNNING_CONDITIONS: tuple[Callable[[Findings], Verdict], ...] = (
+    admitted,
+    placed,
+    running,
+    resizing,
+    degraded,
+    suspended,
+    succeeded,
+)
+"""A running pass's conditions, in the order the status lists them."""
+
+
+def running_verdicts(found: Findings) -> list[Verdict]:
+    """Every condition of a job that has not ended."""
+    return [verdict(found) for verdict in RUNNING_CONDITIONS]
+
+
+STOPPED_BY_FAILURE = (ConditionType.RUNNING, ConditionType.RESIZING, ConditionType.SUSPENDED)
+"""Conditions a failed job turns False (when it has them)."""
+
+
+def failure(previous: Iterable[Condition], reason: str, message: str) -> list[Verdict]:
+    """Failed, and False for the conditions of ``previous`` that a failure ends."""
+    return [
+        Verdict(ConditionType.FAILED, True, reason, message),
+        *(
+            Verdict(c.type, False, ConditionReason.JOB_FAILED, message)
+            for c in previous
+            if c.type in STOPPED_BY_FAILURE
+        ),
+    ]

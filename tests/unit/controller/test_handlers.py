@@ -1,0 +1,166 @@
+"""The job loops: a failing pass is logged with the job's name and retried with backoff; the
+informers' changes start, wake and stop exactly the loops they concern."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from elastra.controller import handlers
+from elastra.controller.handlers import JobLoop, Runtime, error_backoff
+from elastra.controller.settings import OperatorSettings
+from elastra.kube.client import ApiError
+from tests.unit.controller.fakecluster import node
+from tests.unit.controller.test_snapshot import gated_pod, synced_snapshot
+
+
+def runtime(settings: OperatorSettings | None = None) -> Runtime:
+    rt = Runtime(
+        kube=cast(Any, None),
+        settings=settings or OperatorSettings(),
+        snapshot=synced_snapshot(),
+        leader=cast(Any, SimpleNamespace(leading=True, renew=timedelta(seconds=1))),
+    )
+    rt.listen()
+    return rt
+
+
+@pytest.mark.parametrize(
+    ("failures", "seconds"),
+    [(1, 1), (2, 2), (3, 4), (9, 256), (10, 300), (1000, 300)],
+)
+def test_backoff_doubles_from_one_second_to_five_minutes(failures: int, seconds: int) -> None:
+    assert error_backoff(failures) == timedelta(seconds=seconds)
+
+
+Outcome = BaseException | None  # an exception the pass raises, or None: it succeeds
+
+
+def run_loop(monkeypatch: pytest.MonkeyPatch, outcomes: list[Outcome]) -> list[int]:
+    """Run one job's loop over passes with ``outcomes`` in turn (a success wakes it again).
+
+    Returns the consecutive-failure count of each backoff the loop waited.
+    """
+    calls: list[int] = []
+    backoffs: list[int] = []
+    done = asyncio.Event()
+    rt = runtime()
+
+    async def reconcile(*args: Any, **kwargs: Any) -> timedelta | None:
+        calls.append(len(calls))
+        if len(calls) > len(outcomes):
+            done.set()
+            return None
+        outcome = outcomes[len(calls) - 1]
+        if outcome is not None:
+            raise outcome
+        asyncio.get_running_loop().call_soon(rt.poke, ("ns", "j"))  # an event: next pass
+        return None
+
+    async def sleep(seconds: float) -> None:
+        backoffs.append(round(seconds))
+
+    monkeypatch.setattr(handlers, "reconcile", reconcile)
+    monkeypatch.setattr(asyncio, "sleep", sleep)  # the backoff waits, recorded instead
+    monkeypatch.setattr(handlers, "ERROR_BACKOFF_MIN", timedelta(seconds=1))
+
+    async def main() -> None:
+        rt.ensure(("ns", "j"))
+        await asyncio.wait_for(done.wait(), timeout=10)
+        assert not rt.loops[("ns", "j")].task.done()  # alive after every failure
+        await rt.stop(("ns", "j"))
+
+    asyncio.run(main())
+    assert len(calls) == len(outcomes) + 1
+    return backoffs
+
+
+def test_an_unexpected_exception_is_logged_and_the_pass_retried(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: only ApiError, ClientError and TimeoutError were caught; the loop died silently."""
+    caplog.set_level(logging.WARNING, logger="elastra.operator")
+    run_loop(monkeypatch, [ValueError("cannot convert float NaN to integer"), KeyError("x")])
+    failed = [r for r in caplog.records if "pass failed unexpectedly" in r.getMessage()]
+    assert len(failed) == 2
+    assert all("job ns/j" in r.getMessage() and r.exc_info for r in failed)
+    assert "NaN" in caplog.text and "Traceback" in caplog.text
+
+
+def test_failures_in_a_row_grow_the_backoff_and_a_success_resets_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="elastra.operator")
+    api_down = ApiError(500, "InternalError", "down")
+    outcomes: list[Outcome] = [api_down, TimeoutError(), RuntimeError("bug"), None, api_down]
+    assert run_loop(monkeypatch, outcomes) == [1, 2, 4, 1]
+    transient = [r for r in caplog.records if "pass failed (" in r.getMessage()]
+    assert len(transient) == 3 and not any(r.exc_info for r in transient)
+
+
+def woken(rt: Runtime) -> set[tuple[str, str]]:
+    """The jobs whose loops were woken, cleared for the next step."""
+    found = {key for key, loop in rt.loops.items() if loop.wake.is_set()}
+    for loop in rt.loops.values():
+        loop.wake.clear()
+    return found
+
+
+def idle_loops(rt: Runtime, *keys: tuple[str, str]) -> None:
+    for key in keys:
+        rt.loops[key] = JobLoop(task=cast(Any, None), wake=asyncio.Event())
+
+
+def test_pod_changes_wake_their_job_and_freed_capacity_wakes_every_job() -> None:
+    rt = runtime()
+    idle_loops(rt, ("ns", "a"), ("ns", "b"))
+    pods = rt.snapshot.pods
+    pods.apply({"type": "ADDED", "object": gated_pod("a-0")})
+    assert woken(rt) == {("ns", "a")}
+    other = gated_pod("x-0")
+    other["metadata"]["labels"] = {}
+    pods.apply({"type": "ADDED", "object": other})
+    assert woken(rt) == set(), "another tenant's new pod frees nothing"
+    other["status"] = {"phase": "Succeeded"}
+    pods.apply({"type": "MODIFIED", "object": other})
+    assert woken(rt) == {("ns", "a"), ("ns", "b")}
+    pods.apply({"type": "DELETED", "object": gated_pod("a-0")})
+    assert woken(rt) == {("ns", "a"), ("ns", "b")}
+
+
+def test_a_node_change_wakes_every_job_and_a_deleted_node_is_remembered() -> None:
+    rt = runtime()
+    idle_loops(rt, ("ns", "a"), ("ns", "b"))
+    rt.snapshot.nodes.apply({"type": "ADDED", "object": node("n2")})
+    assert woken(rt) == {("ns", "a"), ("ns", "b")}
+    rt.snapshot.nodes.apply({"type": "DELETED", "object": node("n2")})
+    assert woken(rt) == {("ns", "a"), ("ns", "b")}
+    assert "n2" in rt.snapshot.read().lost_nodes
+
+
+def test_jobs_of_the_watched_namespace_get_loops_and_lose_them_when_deleted() -> None:
+    rt = runtime(OperatorSettings(namespace="ns"))
+
+    def job(namespace: str, generation: int = 1) -> dict[str, Any]:
+        meta = {"name": "j", "namespace": namespace, "generation": generation}
+        return {"metadata": meta, "status": {"observedGeneration": 1}}
+
+    async def scenario() -> None:
+        rt.snapshot.jobs.apply({"type": "ADDED", "object": job("elsewhere")})
+        assert rt.loops == {}
+        rt.snapshot.jobs.apply({"type": "ADDED", "object": job("ns")})
+        assert set(rt.loops) == {("ns", "j")}
+        woken(rt)
+        rt.snapshot.jobs.apply({"type": "MODIFIED", "object": {**job("ns"), "x": 1}})
+        assert woken(rt) == set(), "our own status write changes no generation"
+        rt.snapshot.jobs.apply({"type": "MODIFIED", "object": job("ns", generation=2)})
+        assert woken(rt) == {("ns", "j")}
+        rt.snapshot.jobs.apply({"type": "DELETED", "object": job("ns", generation=2)})
+        assert rt.loops == {}
+
+    asyncio.run(scenario())

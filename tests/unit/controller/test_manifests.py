@@ -1,0 +1,434 @@
+"""Worker pods built from a job with a pod template: the template's additions, merged with
+what Elastra owns, and Elastra's parts intact (pin, gate, assignment, security context, the
+read-only root and its bounded /tmp); and the job's NetworkPolicy."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from elastra.api import parse_trainingjob
+from elastra.controller.manifests import (
+    ANNOTATION_ASSIGNMENT,
+    GANG_GATE,
+    LABEL_JOB,
+    RankSpec,
+    assignment_json,
+    headless_service,
+    network_policy,
+    owner_reference,
+    worker_pod,
+)
+from elastra.controller.settings import (
+    GPU_TOLERATION,
+    OperatorSettings,
+    PodPeer,
+    Toleration,
+)
+from elastra.errors import UserError
+from elastra_worker.assignment import Plan
+from tests.cases.specs import DELETE, FULL_TEMPLATE, apply_edits, base_manifest
+from tests.unit.test_helm_chart import restricted_violations
+
+NODE = "h100-3"
+KWOK = Toleration(key="kwok.x-k8s.io/node", value="fake")
+SETTINGS = OperatorSettings(tolerations=(KWOK,))
+
+
+def build(
+    edits: dict[str, Any] | None = None, settings: OperatorSettings = SETTINGS
+) -> dict[str, Any]:
+    """The pod of slot 0 of the base case job with these edits, planned onto ``NODE``."""
+    body = apply_edits(base_manifest("gpt"), edits or {})
+    body["metadata"].update(namespace="team-a", uid="u-1")
+    job = parse_trainingjob(body)
+    return worker_pod(
+        job,
+        slot=0,
+        node=NODE,
+        gpu_type="H100",
+        assignment='{"worldVersion": 1}',
+        version=1,
+        settings=settings,
+    )
+
+
+def templated(**worker: Any) -> dict[str, Any]:
+    """The pod of a job whose worker has the full template (and these other worker fields)."""
+    edits = {"spec.worker.template": copy.deepcopy(FULL_TEMPLATE)}
+    edits.update({f"spec.worker.{k}": v for k, v in worker.items()})
+    return build(edits)
+
+
+def container(pod: dict[str, Any], name: str, key: str = "containers") -> dict[str, Any]:
+    (found,) = [c for c in pod["spec"].get(key, []) if c["name"] == name]
+    return found
+
+
+def env_names(pod: dict[str, Any]) -> list[str]:
+    return [e["name"] for e in container(pod, "worker")["env"]]
+
+
+def test_secret_backed_env_reaches_the_worker_before_elastras_own() -> None:
+    pod = templated(env=[{"name": "NCCL_DEBUG", "value": "WARN"}])
+    env = {e["name"]: e for e in container(pod, "worker")["env"]}
+    assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hub-token", "key": "token"}}
+    assert env["RUN_NAME"]["valueFrom"]["configMapKeyRef"]["key"] == "run"
+    assert env["NODE"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env_names(pod) == [
+        "NCCL_DEBUG",  # spec.worker.env
+        "HF_TOKEN", "RUN_NAME", "NODE", "LOG_LEVEL",  # the template's worker entry
+        "ELASTRA_ASSIGNMENT_FILE", "ELASTRA_METRICS_PORT", "POD_NAME", "ELASTRA_LAUNCH",
+        "ELASTRA_CPU_MILLIS", "ELASTRA_MODEL",  # Elastra's
+        "HOME", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",  # scratch, last
+    ]  # fmt: skip
+    assert container(pod, "worker")["envFrom"] == [{"configMapRef": {"name": "train-config"}}]
+    cpu = env["ELASTRA_CPU_MILLIS"]["valueFrom"]["resourceFieldRef"]
+    assert cpu == {"containerName": "worker", "resource": "requests.cpu", "divisor": "1m"}
+
+
+def test_configmap_volume_is_added_and_mounted_beside_elastras() -> None:
+    pod = templated()
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["config"] == {"name": "config", "configMap": {"name": "train-config"}}
+    assert {"assignment", "checkpoints", "tmp", "dshm"} <= set(volumes)
+    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "case-checkpoints"}
+    mounts = {m["mountPath"]: m for m in container(pod, "worker")["volumeMounts"]}
+    assert mounts["/etc/train"] == {"name": "config", "mountPath": "/etc/train", "readOnly": True}
+    assert mounts["/etc/elastra"]["name"] == "assignment"
+    assert mounts["/checkpoints"]["name"] == "checkpoints"
+
+
+def test_tolerations_are_added_to_elastras() -> None:
+    assert templated()["spec"]["tolerations"] == [
+        KWOK.to_wire(),
+        GPU_TOLERATION.to_wire(),
+        {"key": "example.com/dedicated", "operator": "Equal", "value": "nlp",
+         "effect": "NoSchedule"},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("field", "expected"),
+    [
+        ("priorityClassName", "training-high"),
+        ("serviceAccountName", "trainer"),
+        ("imagePullSecrets", [{"name": "registry-creds"}]),
+        ("nodeSelector", {"example.com/pool": "training"}),
+        ("automountServiceAccountToken", False),
+        ("schedulingGates", [{"name": GANG_GATE}]),
+        ("restartPolicy", "Never"),
+    ],
+)
+def test_pod_fields_from_the_template_and_elastras_stay(field: str, expected: Any) -> None:
+    assert templated()["spec"][field] == expected
+
+
+def test_labels_and_annotations_merge_and_elastras_win() -> None:
+    edits = {"spec.worker.template": copy.deepcopy(FULL_TEMPLATE)}
+    edits["spec.worker.template"]["metadata"]["labels"]["app.kubernetes.io/managed-by"] = "me"
+    meta = build(edits)["metadata"]
+    assert meta["labels"]["team"] == "nlp"
+    assert meta["labels"]["app.kubernetes.io/managed-by"] == "elastra"
+    assert meta["labels"][LABEL_JOB] == "gpt"
+    assert meta["annotations"]["example.com/owner"] == "nlp-oncall"
+    assert meta["annotations"][ANNOTATION_ASSIGNMENT] == '{"worldVersion": 1}'
+
+
+def test_sidecar_and_init_containers_follow_the_worker_with_restricted_contexts() -> None:
+    pod = templated()
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["worker", "metrics-agent"]
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["fetch", "log-shipper"]
+    agent = container(pod, "metrics-agent")
+    assert agent["image"] == "example.com/agent:1.2"
+    assert agent["ports"] == [{"containerPort": 9500, "name": "agent"}]
+    assert agent["readinessProbe"] == {"httpGet": {"path": "/ready", "port": 9500}}
+    assert container(pod, "log-shipper", "initContainers")["restartPolicy"] == "Always"
+    assert restricted_violations(pod["spec"]) == []
+
+
+def test_worker_keeps_what_elastra_owns() -> None:
+    worker = container(templated(), "worker")
+    assert worker["image"] == "elastra-worker:dev"
+    assert worker["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert worker["ports"] == [{"name": "metrics", "containerPort": 9400}]
+
+
+def test_required_node_terms_are_anded_with_the_pin() -> None:
+    affinity = templated()["spec"]["affinity"]
+    pin = {"key": "metadata.name", "operator": "In", "values": [NODE]}
+    required = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required["nodeSelectorTerms"] == [
+        {
+            "matchExpressions": [
+                {"key": "example.com/rack", "operator": "In", "values": ["r1", "r2"]}
+            ],
+            "matchFields": [pin],
+        }
+    ]
+    assert affinity["podAntiAffinity"] == FULL_TEMPLATE["spec"]["affinity"]["podAntiAffinity"]
+
+
+def test_without_a_template_the_pod_is_pinned_by_one_term() -> None:
+    spec = build()["spec"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms == {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
+        ]
+    }
+    assert [c["name"] for c in spec["containers"]] == ["worker"]
+    for absent in ("initContainers", "nodeSelector", "priorityClassName", "serviceAccountName"):
+        assert absent not in spec
+    assert restricted_violations(spec) == []
+
+
+@pytest.mark.parametrize(
+    ("shm_size", "volume"),
+    [
+        (None, {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}),
+        ("8Gi", {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}),
+        ("0", None),
+        ("0Mi", None),
+    ],
+)
+def test_dev_shm_is_a_sized_memory_volume_unless_zero(
+    shm_size: str | None, volume: dict[str, Any] | None
+) -> None:
+    pod = build({} if shm_size is None else {"spec.worker.shmSize": shm_size})
+    volumes = [v for v in pod["spec"]["volumes"] if v["name"] == "dshm"]
+    mounts = [m for m in container(pod, "worker")["volumeMounts"] if m["name"] == "dshm"]
+    assert volumes == ([volume] if volume else [])
+    assert mounts == ([{"name": "dshm", "mountPath": "/dev/shm"}] if volume else [])
+
+
+def test_baseline_relaxes_the_pod_and_sidecars_but_not_the_worker() -> None:
+    pod = templated(podSecurity="baseline")
+    spec = pod["spec"]
+    assert spec["securityContext"] == {"fsGroup": 1000}
+    assert "securityContext" not in container(pod, "metrics-agent")
+    assert "securityContext" not in container(pod, "fetch", "initContainers")
+    worker_only = {**spec, "containers": [container(pod, "worker")], "initContainers": []}
+    assert restricted_violations(worker_only) == []
+    assert restricted_violations(spec) != []
+
+
+def test_restricted_is_the_default() -> None:
+    spec = templated()["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for c in [*spec["containers"], *spec["initContainers"]]:
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False, c["name"]
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}, c["name"]
+
+
+@pytest.mark.parametrize(("launch", "expected"), [(None, "elastra"), ("torchrun", "torchrun")])
+def test_the_launch_mode_reaches_the_agent(launch: str | None, expected: str) -> None:
+    pod = build({"spec.worker.launch": launch} if launch else {})
+    env = {e["name"]: e.get("value") for e in container(pod, "worker")["env"]}
+    assert env["ELASTRA_LAUNCH"] == expected
+
+
+@pytest.mark.parametrize(
+    ("worker", "local"),
+    [
+        ({"gpus": 8}, 8),
+        ({"gpus": 0, "cpuRanks": 2}, 2),
+        ({"gpus": 0}, 1),
+    ],
+)
+def test_each_pod_runs_one_rank_per_gpu_or_cpu_rank(worker: dict[str, Any], local: int) -> None:
+    edits: dict[str, Any] = {f"spec.worker.{k}": v for k, v in worker.items()}
+    if not worker["gpus"]:
+        edits["spec.worker.gpuTypes"] = []
+    body = apply_edits(base_manifest("gpt"), edits)
+    job = parse_trainingjob(body)
+    plan = Plan(dp=1, tp=local, batch_shares=(256,))
+    wire = assignment_json(
+        job,
+        version=1,
+        rank=RankSpec(rank=0, world_size=local, master_addr="gpt-w0.gpt", plan=plan),
+        stop=False,
+        settings=SETTINGS,
+    )
+    assert json.loads(wire)["localWorldSize"] == local
+
+
+def test_the_model_section_reaches_the_reference_trainer() -> None:
+    env = {e["name"]: e.get("value") for e in container(build(), "worker")["env"]}
+    model = json.loads(env["ELASTRA_MODEL"])
+    assert model == base_manifest()["spec"]["model"]
+    assert "ELASTRA_MODEL" not in env_names(build({"spec.model": DELETE}))
+
+
+# --- read-only root, bounded /tmp -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", ["restricted", "baseline"])
+def test_the_worker_root_is_read_only_and_sidecars_are_left_alone(level: str) -> None:
+    pod = templated(podSecurity=level)
+    assert container(pod, "worker")["securityContext"]["readOnlyRootFilesystem"] is True
+    for sidecar in (container(pod, "metrics-agent"), container(pod, "fetch", "initContainers")):
+        assert "readOnlyRootFilesystem" not in (sidecar.get("securityContext") or {})
+
+
+@pytest.mark.parametrize(
+    ("settings", "size"),
+    [(SETTINGS, "1Gi"), (OperatorSettings(worker_tmp_size="256Mi"), "256Mi")],
+)
+def test_tmp_is_a_size_limited_volume_mounted_at_tmp(settings: OperatorSettings, size: str) -> None:
+    pod = build(settings=settings)
+    (tmp,) = [v for v in pod["spec"]["volumes"] if v["name"] == "tmp"]
+    assert tmp == {"name": "tmp", "emptyDir": {"sizeLimit": size}}
+    (mount,) = [m for m in container(pod, "worker")["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert mount == {"name": "tmp", "mountPath": "/tmp"}
+
+
+def test_every_writable_mount_of_the_worker_is_a_volume() -> None:
+    """What the trainer may write: /tmp, the checkpoints and /dev/shm; the assignment is not."""
+    mounts = {m["mountPath"]: m for m in container(build(), "worker")["volumeMounts"]}
+    writable = sorted(path for path, m in mounts.items() if not m.get("readOnly"))
+    assert writable == ["/checkpoints", "/dev/shm", "/tmp"]
+    assert mounts["/etc/elastra"]["readOnly"] is True
+
+
+def test_home_tmpdir_and_torch_caches_point_into_tmp() -> None:
+    env = {e["name"]: e.get("value") for e in container(build(), "worker")["env"]}
+    assert env["HOME"] == "/tmp"
+    assert env["TMPDIR"] == "/tmp"
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/tmp/torchinductor"
+    assert env["TRITON_CACHE_DIR"] == "/tmp/triton"
+
+
+@pytest.mark.parametrize(
+    ("where", "name"),
+    [("spec.worker.env", "HOME"), ("template", "TMPDIR"), ("template", "TRITON_CACHE_DIR")],
+)
+def test_the_jobs_own_scratch_variables_win(where: str, name: str) -> None:
+    """HOME, TMPDIR and the caches are not Elastra's (the API allows them): the job's value
+    stays, once, and Elastra's default for that variable is left out."""
+    ours = {"name": name, "value": "/data/own"}
+    if where == "template":
+        template = copy.deepcopy(FULL_TEMPLATE)
+        template["spec"]["containers"][0]["env"].append(ours)
+        pod = build({"spec.worker.template": template})
+    else:
+        pod = build({where: [ours]})
+    entries = [e for e in container(pod, "worker")["env"] if e["name"] == name]
+    assert entries == [ours]
+
+
+def test_a_template_may_mount_a_writable_volume_of_its_own_outside_tmp() -> None:
+    """How a trainer that writes to its home directory runs on the read-only root."""
+    template = copy.deepcopy(FULL_TEMPLATE)
+    template["spec"]["volumes"].append({"name": "home", "emptyDir": {"sizeLimit": "1Gi"}})
+    home = {"name": "home", "mountPath": "/home/elastra"}
+    template["spec"]["containers"][0]["volumeMounts"].append(home)
+    worker = container(build({"spec.worker.template": template}), "worker")
+    assert home in worker["volumeMounts"]
+    assert worker["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+@pytest.mark.parametrize(
+    ("addition", "reason"),
+    [
+        ({"volumeMounts": [{"name": "cache", "mountPath": "/tmp"}]}, "/tmp: Elastra mounts"),
+        ({"securityContext": {"readOnlyRootFilesystem": False}}, "securityContext is Elastra's"),
+    ],
+)
+def test_a_template_cannot_replace_tmp_or_make_the_root_writable(
+    addition: dict[str, Any], reason: str
+) -> None:
+    """The API promises the worker's /tmp and security context are Elastra's: such a job is
+    refused (by the same rules the CRD's CEL holds), never built with the template's value."""
+    template = copy.deepcopy(FULL_TEMPLATE)
+    template["spec"]["containers"][0].update(addition)
+    with pytest.raises(UserError, match=reason):
+        build({"spec.worker.template": template})
+
+
+# --- the job's NetworkPolicy ----------------------------------------------------------------
+
+OPERATOR = PodPeer(
+    namespace="elastra-system",
+    labels=(("app.kubernetes.io/name", "elastra"), ("app.kubernetes.io/component", "operator")),
+)
+JOB_PEERS = {"from": [{"podSelector": {"matchLabels": {LABEL_JOB: "gpt"}}}]}
+
+
+def job_and_service() -> tuple[Any, dict[str, Any]]:
+    body = base_manifest("gpt")
+    body["metadata"].update(namespace="team-a", uid="u-1")
+    job = parse_trainingjob(body)
+    return job, headless_service(job)
+
+
+def operator_rule(port: int) -> dict[str, Any]:
+    """Ingress from the operator's pods, in its namespace, to ``port`` only."""
+    namespace = {"matchLabels": {"kubernetes.io/metadata.name": "elastra-system"}}
+    pods = {
+        "matchLabels": {
+            "app.kubernetes.io/name": "elastra",
+            "app.kubernetes.io/component": "operator",
+        }
+    }
+    peer = {"namespaceSelector": namespace, "podSelector": pods}
+    return {"from": [peer], "ports": [{"protocol": "TCP", "port": port}]}
+
+
+def with_scraper(rule: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """``rule`` letting in every pod of ``namespace`` too (a scraper listed without labels)."""
+    scraper = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "podSelector": {"matchLabels": {}},
+    }
+    return {**rule, "from": [*rule["from"], scraper]}
+
+
+@pytest.mark.parametrize(
+    ("settings", "ingress"),
+    [
+        (OperatorSettings(metrics_peers=(OPERATOR,)), [JOB_PEERS, operator_rule(9400)]),
+        (
+            OperatorSettings(metrics_peers=(OPERATOR,), metrics_port=9500),
+            [JOB_PEERS, operator_rule(9500)],
+        ),
+        (
+            OperatorSettings(metrics_peers=(OPERATOR, PodPeer(namespace="monitoring"))),
+            [JOB_PEERS, with_scraper(operator_rule(9400), "monitoring")],
+        ),
+        (OperatorSettings(), [JOB_PEERS]),  # the operator outside the cluster: no pod to name
+    ],
+)
+def test_network_policy_admits_the_job_on_any_port_and_the_operator_on_metrics(
+    settings: OperatorSettings, ingress: list[dict[str, Any]]
+) -> None:
+    job, service = job_and_service()
+    policy = network_policy(service, settings)
+    assert policy is not None
+    assert policy["apiVersion"] == "networking.k8s.io/v1"
+    assert policy["metadata"]["name"] == "gpt"
+    assert policy["metadata"]["namespace"] == "team-a"
+    assert policy["metadata"]["ownerReferences"] == [owner_reference(job)]
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {LABEL_JOB: "gpt"}}
+    assert spec["policyTypes"] == ["Ingress"]  # egress open: object storage, DNS
+    assert spec["ingress"] == ingress  # the job's own rule names no port: any port
+
+
+def test_network_policy_selects_exactly_the_job_worker_pods() -> None:
+    _, service = job_and_service()
+    policy = network_policy(service, SETTINGS)
+    assert policy is not None
+    labels = build()["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    other = {**labels, LABEL_JOB: "other"}
+    assert not policy["spec"]["podSelector"]["matchLabels"].items() <= other.items()
+
+
+def test_no_network_policy_when_switched_off() -> None:
+    _, service = job_and_service()
+    assert network_policy(service, OperatorSettings(network_policy=False)) is None

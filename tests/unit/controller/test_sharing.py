@@ -1,0 +1,83 @@
+"""sharing.desired: the user's size, lowered only to give GPUs to a starved job."""
+
+from __future__ import annotations
+
+import inspect
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from elastra.api import TrainingJob
+from elastra.controller import sharing
+from elastra.controller.observe import PodFacts
+from elastra.elastic.workers import PodName, WorkerState, WorkerView
+from tests.unit.controller.test_passplan import job
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def held(count: int, *, terminating: int = 0) -> dict[str, PodFacts]:
+    """``count`` workers of this job, the last ``terminating`` of them being deleted (only
+    their state matters here)."""
+    facts: dict[str, PodFacts] = {}
+    for i in range(count):
+        state = WorkerState.TERMINATING if i >= count - terminating else WorkerState.READY
+        view = WorkerView(pod=PodName(f"gpt-w-{i}"), slot=i, state=state, since=NOW)
+        facts[view.pod] = PodFacts(
+            view=view, raw={}, assignment="", assignment_version=0, ip=None, bound=True,
+            node_gone=False, gated=False, exit_code=None,
+        )  # fmt: skip
+    return facts
+
+
+def starved(name: str, minimum: int) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "default", "name": name},
+        "spec": {"minReplicas": minimum, "worker": {"gpuTypes": []}},
+        "status": {
+            "conditions": [{"type": "Degraded", "status": "True", "reason": "InsufficientCapacity"}]
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("replicas", "holding", "others", "free", "want"),
+    [
+        (4, 4, [], 0, 4),  # nobody waits: the user's size
+        (6, 3, [], 0, 6),  # short of capacity: still the user's size, not what was placed
+        (4, 4, [starved("other", 2)], 0, 2),  # gives down to its minimum (2)
+        (4, 4, [starved("other", 1)], 0, 3),
+        (4, 4, [starved("other", 2)], 2, 4),  # free capacity covers the starved job
+    ],
+)
+def test_desired_is_replicas_lowered_for_starved_jobs(
+    replicas: int, holding: int, others: list[dict[str, Any]], free: int, want: int
+) -> None:
+    me = TrainingJob.model_validate(job(replicas=replicas))
+    assert sharing.desired(me, held(holding), others, [], free=free) == want
+
+
+def test_desired_takes_no_planned_size() -> None:
+    """Before: it took ``wanted`` and ignored it; now no caller can think it matters."""
+    assert "wanted" not in inspect.signature(sharing.desired).parameters
+
+
+def test_a_donated_pod_still_terminating_is_not_given_twice() -> None:
+    """3 pods, one already given (deleted, still shutting down, so the starved job cannot use
+    its GPUs yet): before, the donor counted 2 held and gave another, ending at 1."""
+    me = TrainingJob.model_validate(job(replicas=3, minReplicas=1))
+    assert sharing.desired(me, held(3, terminating=1), [starved("other", 1)], [], free=0) == 2
+
+
+def test_other_jobs_terminating_pods_count_as_held() -> None:
+    pod = {
+        "metadata": {
+            "namespace": "default",
+            "labels": {"elastra.dev/job": "a"},
+            "deletionTimestamp": "2030-01-01T00:00:00Z",
+        },
+        "status": {"phase": "Running"},
+    }
+    done = {**pod, "status": {"phase": "Succeeded"}}
+    assert sharing._live_pods([pod, done]) == {"default/a": 1}

@@ -1,0 +1,98 @@
+"""torchrun compatibility: the variables a plain script gets, and a plain DDP script made elastic.
+
+The last test is the done-when of torchrun mode: ``examples/torchrun_ddp.py`` (no Elastra
+import) runs under ``elastra-worker local --launch torchrun`` through two resizes at times and
+finishes every step, none lost beyond its checkpoints.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from elastra_worker.assignment import parse_assignment
+from elastra_worker.lifeline import PARENT_PID_ENV
+from elastra_worker.torchrun import launch_from_env, torchrun_env
+
+from .conftest import REPO, quiet_env
+
+EXAMPLE = REPO / "examples" / "torchrun_ddp.py"
+
+
+def test_torchrun_env_is_torchruns_for_each_local_rank() -> None:
+    wire = {"job": "gpt", "worldVersion": 7, "rank": 4, "worldSize": 8, "localWorldSize": 2,
+            "masterAddr": "gpt-w-0.gpt", "masterPort": 29507, "globalBatchSize": 64,
+            "checkpoint": {"path": "/ckpt/gpt"}}  # fmt: skip
+    a = parse_assignment(wire)
+    base = {"PATH": "/bin", "TORCHELASTIC_USE_AGENT_STORE": "True", "ELASTRA_MAX_RESTARTS": "3",
+            "ELASTRA_ASSIGNMENT_JSON": "{}", "ELASTRA_CONTROL_DIR": "/ctl"}  # fmt: skip
+    env = torchrun_env(base, a, local_rank=1, restart_count=2)
+    assert env == {
+        "PATH": "/bin", "ELASTRA_MAX_RESTARTS": "3",
+        "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "2", "GROUP_WORLD_SIZE": "4", "ROLE_NAME": "default", "ROLE_RANK": "5",
+        "ROLE_WORLD_SIZE": "8", "MASTER_ADDR": "gpt-w-0.gpt", "MASTER_PORT": "29507",
+        "TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_MAX_RESTARTS": "3",
+        "TORCHELASTIC_RUN_ID": "gpt", "ELASTRA_CHECKPOINT_DIR": "/ckpt/gpt",
+        "ELASTRA_WORLD_VERSION": "7", "ELASTRA_GLOBAL_BATCH_SIZE": "64", "ELASTRA_JOB": "gpt",
+        PARENT_PID_ENV: str(os.getpid()),
+    }  # fmt: skip
+
+
+def test_a_job_on_object_storage_tells_the_script_its_uri() -> None:
+    wire = {"job": "gpt", "worldVersion": 1, "rank": 0, "worldSize": 1, "localWorldSize": 1,
+            "masterAddr": "a", "masterPort": 29500, "globalBatchSize": 8,
+            "checkpoint": {"path": "/ckpt", "uri": "s3://bucket/runs"}}  # fmt: skip
+    env = torchrun_env({}, parse_assignment(wire), local_rank=0, restart_count=0)
+    assert env["ELASTRA_CHECKPOINT_URI"] == "s3://bucket/runs"
+    del wire["checkpoint"]["uri"]  # type: ignore[attr-defined]
+    env = torchrun_env({}, parse_assignment(wire), local_rank=0, restart_count=0)
+    assert "ELASTRA_CHECKPOINT_URI" not in env
+
+
+def test_launch_mode_comes_from_the_environment() -> None:
+    assert launch_from_env({}) == "elastra"
+    assert launch_from_env({"ELASTRA_LAUNCH": "torchrun"}) == "torchrun"
+    with pytest.raises(ValueError, match=r"\$ELASTRA_LAUNCH: expected one of elastra, torchrun"):
+        launch_from_env({"ELASTRA_LAUNCH": "mpirun"})
+
+
+STEPS = 100
+
+
+@pytest.mark.slow
+def test_plain_ddp_script_resizes_2_1_2_at_times_and_loses_no_step(tmp_path: Path) -> None:
+    log = tmp_path / "steps.jsonl"
+    cmd = [sys.executable, "-m", "elastra_worker.cli", "local", "--launch", "torchrun",
+           "--schedule", "2:0,1:8s,2:16s", "--steps", str(STEPS),
+           "--checkpoint-dir", str(tmp_path / "ckpt"), "--log", str(log), "--world-timeout", "90",
+           "--", sys.executable, str(EXAMPLE), "--steps", str(STEPS),
+           "--step-seconds", "0.2"]  # fmt: skip
+    began = time.monotonic()
+    try:
+        proc = subprocess.run(
+            cmd, env=quiet_env(), capture_output=True, text=True, timeout=120, check=False
+        )
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"elastra-worker local hung: {err.stderr!r:.3000}")
+    took = time.monotonic() - began
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    # Every step exactly once: a world resumes where the last one checkpointed.
+    assert [r["step"] for r in records] == list(range(STEPS)), proc.stderr[-3000:]
+    worlds = [k for k, _ in itertools.groupby((r["worldVersion"], r["worldSize"]) for r in records)]
+    assert [size for _, size in worlds] == [2, 1, 2], worlds
+    assert [version for version, _ in worlds] == [1, 2, 3]
+    for version, _ in worlds[1:]:  # each later world starts at its predecessor's last step + 1
+        first = next(r for r in records if r["worldVersion"] == version)
+        assert first["resumedFrom"] == first["step"]
+    assert records[-1]["loss"] < records[0]["loss"]
+    assert "job done" in proc.stderr
+    assert took < 60

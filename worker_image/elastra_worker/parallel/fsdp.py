@@ -1,0 +1,34 @@
+"""Sharded data parallelism with FSDP2 (``fully_shard``): ZeRO-2-like or ZeRO-3.
+
+Each block is its own FSDP unit (one all-gather per block, overlapped with the previous
+block's compute), and the module itself is the root unit for the embedding, final norm and
+head. ``optimizer`` keeps the gathered parameters from forward to backward (no second
+all-gather; gradients and optimizer state are still sharded), ``full`` frees them after
+forward (ZeRO-3: least memory, one more all-gather per block in backward).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+
+from elastra_worker.assignment import SHARDINGS, Sharding
+from elastra_worker.models.llama import blocks
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, sharding: Sharding) -> None:
+    """Shard ``model`` (whole model or one pipeline stage) over the 1-D ``dp_mesh``, in place.
+
+    Call after tensor parallelism (then ``dp_mesh`` is the data-parallel sub-mesh of the 2-D
+    mesh) and after ``apply_recompute``. ``model`` holds its blocks in a ``layers`` ModuleDict.
+    With "none" the caller does its own data parallelism.
+    """
+    if sharding not in SHARDINGS:
+        raise ValueError(f"sharding: expected one of {', '.join(SHARDINGS)}, got {sharding!r}")
+    if sharding == "none":
+        return
+    reshard = sharding == "full"
+    for block in blocks(model).values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)

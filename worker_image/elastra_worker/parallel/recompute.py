@@ -1,0 +1,57 @@
+"""Activation recomputation: trade a second forward for the memory of saved activations.
+
+``full`` recomputes every block in the backward pass (only block inputs are kept);
+``selective`` recomputes only the attention core (scores, softmax, weighted sum), which holds
+the largest activations per FLOP, as Megatron's selective recomputation does.
+
+The wrapped modules keep their names: the checkpointed call replaces the instance's
+``forward`` instead of inserting a wrapper module, so parameter FQNs (and with them DCP
+checkpoints, ``init_weights`` and the pipeline split) are the same in every mode.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from elastra_worker.assignment import RECOMPUTES, Recompute
+from elastra_worker.models.llama import blocks
+
+_MARK = "_elastra_recompute"
+
+
+def _checkpointed_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    # The class's forward, looked up at call time: it stays right under later class swaps
+    # (fully_shard) and in a deepcopy (the partial below is copied with its module).
+    return checkpoint(type(module).forward, module, *args, use_reentrant=False, **kwargs)
+
+
+def _checkpoint_forward(module: nn.Module) -> None:
+    """Make ``module``'s forward recompute itself in backward (idempotent)."""
+    if getattr(module, _MARK, False):
+        return
+    module.forward = functools.partial(_checkpointed_call, module)
+    setattr(module, _MARK, True)
+
+
+def apply_recompute(model: nn.Module, mode: Recompute) -> None:
+    """Apply recomputation ``mode`` ("none" | "selective" | "full") to every block, in place.
+
+    ``model`` holds its blocks in a ``layers`` ModuleDict (the reference ``Transformer`` or a
+    model built like it); "selective" needs an ``attention.core`` submodule in each block.
+
+    Apply after tensor parallelism and before FSDP, so FSDP's per-block all-gather surrounds
+    the recomputed forward.
+    """
+    if mode not in RECOMPUTES:
+        raise ValueError(f"recompute: expected one of {', '.join(RECOMPUTES)}, got {mode!r}")
+    if mode == "none":
+        return
+    for block in blocks(model).values():
+        if mode == "full":
+            _checkpoint_forward(block)
+        else:
+            _checkpoint_forward(block.get_submodule("attention.core"))

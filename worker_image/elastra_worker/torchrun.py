@@ -1,0 +1,119 @@
+"""torchrun compatibility: what a plain DDP script written for ``torchrun`` expects of its launcher.
+
+In ``torchrun`` launch mode (``elastra-worker run --launch torchrun``, ``ELASTRA_LAUNCH=torchrun``
+in the container) the agent runs the user's command once per world version with the variables
+torchrun sets, so a script that reads ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` and calls
+``init_process_group(init_method="env://")`` runs unchanged. What torchrun's elastic agent does
+on a membership change, the agent does on a new world version: SIGTERM to the script (its chance
+to checkpoint), a grace period, SIGKILL, and a fresh start in the new world, where the script
+resumes from its own checkpoint.
+
+Differences from torchrun, on purpose:
+
+- The rank-0 script hosts the c10d store itself (``TORCHELASTIC_USE_AGENT_STORE`` is never set):
+  each world version has its own ``MASTER_PORT``, so no key of an older world is ever seen.
+- ``TORCHELASTIC_RESTART_COUNT`` counts every world this pod's agent started before, resizes
+  included (torchrun counts failures only): a script that resumes only after a restart then
+  resumes after a resize too. A pod that joins late starts at 0, so decide by looking for a
+  checkpoint, not by this number.
+
+Started cold, the script runs through ``python -m elastra_worker.torchrun CMD...``, which asks
+the kernel to kill it with the agent (a plain script cannot arm that itself) and then execs CMD.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Literal
+
+from .assignment import Assignment
+from .lifeline import PARENT_PID_ENV, arm_from_env
+
+Launch = Literal["elastra", "torchrun"]
+LAUNCHES: tuple[Launch, ...] = ("elastra", "torchrun")
+LAUNCH_ENV = "ELASTRA_LAUNCH"
+MAX_RESTARTS_ENV = "ELASTRA_MAX_RESTARTS"
+DEFAULT_MAX_RESTARTS = 10  # the TrainingJob's default spec.maxRestarts
+
+# Variables of the agent's environment a plain script must not inherit: the agent store flag
+# would make rank 0 look for a store nobody hosts; the Session variables would make a script
+# that happens to use the Session API take the elastra protocol it is not run under.
+_DROPPED = (
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_ERROR_FILE",
+    "ELASTRA_ASSIGNMENT_JSON",
+    "ELASTRA_CONTROL_DIR",
+)
+
+
+def launch_from_env(environ: Mapping[str, str] = os.environ) -> Launch:
+    """``$ELASTRA_LAUNCH`` (default ``elastra``); ValueError for anything else."""
+    raw = environ.get(LAUNCH_ENV) or "elastra"
+    for launch in LAUNCHES:
+        if raw == launch:
+            return launch
+    raise ValueError(f"${LAUNCH_ENV}: expected one of {', '.join(LAUNCHES)}, got {raw!r}")
+
+
+def torchrun_env(
+    base: Mapping[str, str], a: Assignment, *, local_rank: int, restart_count: int
+) -> dict[str, str]:
+    """The environment of local rank ``local_rank`` of world ``a``, as torchrun would set it.
+
+    Plus ``ELASTRA_CHECKPOINT_DIR`` (where to checkpoint), ``ELASTRA_WORLD_VERSION`` and
+    ``ELASTRA_GLOBAL_BATCH_SIZE`` (to keep the global batch fixed across world sizes).
+    """
+    env = {k: v for k, v in base.items() if k not in _DROPPED}
+    rank = a.rank + local_rank
+    local = a.local_world_size
+    env.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(a.world_size),
+            "LOCAL_WORLD_SIZE": str(local),
+            "GROUP_RANK": str(a.rank // local),
+            "GROUP_WORLD_SIZE": str(a.world_size // local),
+            "ROLE_NAME": "default",
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(a.world_size),
+            "MASTER_ADDR": a.master_addr,
+            "MASTER_PORT": str(a.master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": base.get(MAX_RESTARTS_ENV, str(DEFAULT_MAX_RESTARTS)),
+            "TORCHELASTIC_RUN_ID": a.job,
+            "ELASTRA_CHECKPOINT_DIR": a.checkpoint.path,
+            "ELASTRA_WORLD_VERSION": str(a.world_version),
+            "ELASTRA_GLOBAL_BATCH_SIZE": str(a.global_batch_size),
+            "ELASTRA_JOB": a.job,
+            PARENT_PID_ENV: str(os.getpid()),
+        }
+    )
+    if a.checkpoint.uri:  # the script writes there itself (fsspec/s3fs are in the image)
+        env["ELASTRA_CHECKPOINT_URI"] = a.checkpoint.uri
+    return env
+
+
+def cold_command(command: list[str]) -> list[str]:
+    """``command`` behind this module's exec wrapper (see the module docstring)."""
+    return [sys.executable, "-m", "elastra_worker.torchrun", *command]
+
+
+def main() -> None:
+    """Arm die-with-parent, then become the user's command (the pid stays the same)."""
+    argv = sys.argv[1:]
+    if not argv:
+        print("usage: python -m elastra_worker.torchrun CMD [ARGS...]", file=sys.stderr)
+        sys.exit(2)
+    arm_from_env()
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as err:
+        print(f"elastra_worker.torchrun: cannot run {argv[0]!r}: {err}", file=sys.stderr)
+        sys.exit(127)
+
+
+if __name__ == "__main__":
+    main()
