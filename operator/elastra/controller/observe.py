@@ -7,10 +7,12 @@ NotReady) become the few states the resize policy decides on.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from elastra.api import TrainingJob
@@ -81,6 +83,9 @@ def _node_health(nodes: Sequence[Mapping[str, Any]]) -> Mapping[str, NodeHealth]
 
 
 _HEALTH: LastOf[Sequence[Mapping[str, Any]], Mapping[str, NodeHealth]] = LastOf()
+API_TIME_RESOLUTION = timedelta(seconds=1)
+"""The API server writes timestamps in whole seconds (RFC 3339 without fractions)."""
+
 _MISSING = NodeHealth(exists=False, ready=False, schedulable=False)
 
 
@@ -122,7 +127,9 @@ def pod_facts(
     for condition in (ready_condition, scheduled):
         since = max(since, parse_time(condition.get("lastTransitionTime"), since))
     if terminated is not None:
-        since = parse_time(terminated.get("finishedAt"), since)
+        # finishedAt is cut to whole seconds: the container may have exited up to a second
+        # later, and the settle window must not close before a burst's last exit.
+        since = parse_time(terminated.get("finishedAt"), since) + API_TIME_RESOLUTION
     if node is _MISSING and lost_nodes and str(bound_node) in lost_nodes:
         since = max(since, lost_nodes[str(bound_node)])
     retired = annotations.get(ANNOTATION_RETIRED)
@@ -173,20 +180,29 @@ def _int(value: Any, default: Any) -> Any:
         return default
 
 
+NODE_ANNOTATION_PREFIX = "elastra.dev/"
+"""The only node annotations the operator reads (the inventory's figures, e.g. gpu-tflops)."""
+
+
 def slim_node(node: Mapping[str, Any]) -> JsonDict:
     """The parts of a Node the planner and node health read, for the shared snapshot.
 
     Real nodes carry kilobytes the operator never reads (``status.images``, ``nodeInfo``,
-    managed fields); the snapshot holds every node between listings, so it keeps only these.
+    managed fields, other controllers' annotations); the snapshot holds every node between
+    listings, so it keeps only these. ``node_fingerprint`` hashes exactly this, so whatever the
+    planner can see change wakes the jobs, and nothing else does.
     """
     meta = node.get("metadata") or {}
     spec = node.get("spec") or {}
     status = node.get("status") or {}
+    annotations = meta.get("annotations") or {}
     return {
         "metadata": {
             "name": meta.get("name"),
             "labels": meta.get("labels") or {},
-            "annotations": meta.get("annotations") or {},
+            "annotations": {
+                k: v for k, v in annotations.items() if str(k).startswith(NODE_ANNOTATION_PREFIX)
+            },
         },
         "spec": {"unschedulable": spec.get("unschedulable"), "taints": spec.get("taints")},
         "status": {
@@ -197,6 +213,11 @@ def slim_node(node: Mapping[str, Any]) -> JsonDict:
             ],
         },
     }
+
+
+def node_fingerprint(node: Mapping[str, Any]) -> str:
+    """A digest of what the planner reads of a node (``slim_node``), not its heartbeats."""
+    return hashlib.sha256(json.dumps(slim_node(node), sort_keys=True).encode()).hexdigest()
 
 
 def slim_pod(pod: Mapping[str, Any]) -> JsonDict:
@@ -251,7 +272,11 @@ class WorkerProgress:
 
 
 def parse_metrics(text: str) -> WorkerProgress | None:
-    """The progress gauges of a worker's ``/metrics`` page; ``None`` before its first step."""
+    """The progress gauges of a worker's ``/metrics`` page; ``None`` before its first step.
+
+    Every gauge here is a finite count or rate: a NaN, an infinity (``1e400`` parses as one)
+    or a negative value is a broken or hostile worker and is ignored, never an exception.
+    """
     values: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("#") or not line.strip():
@@ -261,16 +286,18 @@ def parse_metrics(text: str) -> WorkerProgress | None:
         if key is None:
             continue
         try:
-            values[key] = float(rest.split()[0])
+            value = float(rest.split()[0])
         except (IndexError, ValueError):
             continue
+        if math.isfinite(value) and value >= 0:
+            values[key] = value
     if "step" not in values:
         return None
     checkpoint = values.get("last_checkpoint_step")
     version = values.get("world_version")
     return WorkerProgress(
         step=int(values["step"]),
-        samples_per_second=max(0.0, values.get("samples_per_second", 0.0)),
+        samples_per_second=values.get("samples_per_second", 0.0),
         last_checkpoint_step=int(checkpoint) if checkpoint is not None else None,
         world_version=int(version) if version is not None else None,
     )

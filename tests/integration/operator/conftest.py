@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,8 @@ class OperatorProcess:
     cluster: Cluster
     namespace: str
     extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    """Added to the operator's environment (fault injection)."""
     process: subprocess.Popen[str] | None = None
     lines: list[str] = field(default_factory=list)
 
@@ -48,12 +51,12 @@ class OperatorProcess:
             f"--lease-namespace={self.namespace}",
             f"--toleration={KWOK_TOLERATION}",
             "--metrics-port=0", "--health-port=0",
-            "--resync-seconds=5", "--settle-seconds=1", "--pending-grace-seconds=10",
+            "--resync-seconds=5", "--settle-seconds=2", "--pending-grace-seconds=10",
             "--cooldown-seconds=0", "--retire-timeout-seconds=10", "--grace-seconds=5",
             "--verbose", *self.extra_args,
         ]  # fmt: skip
         self.lines = []
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         self.process = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
@@ -223,6 +226,9 @@ def gpu_job(name: str, *, replicas: int, gpus: int = 8, **spec: Any) -> dict[str
 
     The global batch, 13440 = 2^6 * 3 * 5 * 7, divides evenly over every world size the
     scenarios form, so the planner never has to leave capacity unused for divisibility.
+    Checkpoints go to a ``uri``: the API server wants shared checkpoint storage for a job of
+    more than one pod, and a ``volume`` would need a PersistentVolumeClaim that exists and is
+    bound, or the scheduler holds the pods Pending. Nothing reads the uri: kwok pods never run.
     """
     body: dict[str, Any] = {
         "apiVersion": "elastra.dev/v1alpha1",
@@ -233,8 +239,19 @@ def gpu_job(name: str, *, replicas: int, gpus: int = 8, **spec: Any) -> dict[str
             "minReplicas": 1,
             "worker": {"gpus": gpus, "gpuTypes": ["H100"], "image": "elastra-worker:dev"},
             "training": {"globalBatchSize": 13440},
+            "checkpoint": {"uri": f"s3://elastra-test/{name}"},
             "failurePolicy": {"maxRestarts": 5, "backoffSeconds": 0},
         },
     }
     body["spec"].update(spec)
     return body
+
+
+def http_get(url: str) -> str | None:
+    """The body at ``url``, or ``None`` when nothing answers yet."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            body: bytes = reply.read()
+            return body.decode()
+    except OSError:
+        return None
