@@ -280,6 +280,18 @@ def metric_sum(text: str, name: str) -> float:
     )
 
 
+def dump_stacks(pid: int) -> None:
+    """Print where a process that ignores SIGTERM is stuck: py-spy's dump, when installed."""
+    spy = Path(sys.executable).with_name("py-spy")
+    if not spy.exists():
+        say("operator: install py-spy in this venv to see where it was stuck")
+        return
+    dump = subprocess.run(
+        [str(spy), "dump", f"--pid={pid}"], check=False, capture_output=True, text=True
+    )
+    say(f"operator: stacks at the kill:\n{dump.stdout}{dump.stderr}")
+
+
 def rss_mib(pid: int, field_name: str = "VmRSS") -> float:
     """Resident memory (VmRSS) or its peak (VmHWM) of a process, from /proc."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -321,6 +333,7 @@ async def run(kubeconfig: Path) -> None:
                 operator.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 say("operator: still running 30 s after SIGTERM; killed")
+                dump_stacks(operator.pid)
                 operator.kill()
                 operator.wait()
     waits = ran.first_world_seconds()
