@@ -50,6 +50,16 @@ def register(sub: Any) -> None:
         ),
     )
     parser.add_argument(
+        "--passes-at-once",
+        type=_positive,
+        default=OperatorSettings.passes_at_once,
+        metavar="N",
+        help=(
+            f"reconcile passes that run at the same time across all jobs (default "
+            f"{OperatorSettings.passes_at_once}; the rest wait their turn)"
+        ),
+    )
+    parser.add_argument(
         "--grace-seconds",
         type=int,
         default=120,
@@ -157,6 +167,13 @@ def register(sub: Any) -> None:
 OPERATOR_LABELS_ENV = "ELASTRA_OPERATOR_POD_LABELS"
 
 
+def _positive(text: str) -> int:
+    """A whole number of at least 1 (argparse reports the error)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
 def _size(text: str) -> str:
     """A Kubernetes quantity of bytes such as 512Mi or 2Gi (argparse reports the error)."""
     if not re.match(SIZE, text) or is_zero_size(text):
@@ -223,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
         tolerations=tuple(parse_toleration(t) for t in args.toleration),
         resync=timedelta(seconds=args.resync_seconds),
         termination_grace_seconds=args.grace_seconds,
+        passes_at_once=args.passes_at_once,
         policy=ResizePolicy(
             settle=timedelta(seconds=args.settle_seconds),
             pending_grace=timedelta(seconds=args.pending_grace_seconds),

@@ -79,6 +79,11 @@ class Runtime:
     leader: LeaderElector
     progress: ProgressReader | None = None
     loops: dict[JobKey, JobLoop] = field(default_factory=dict)
+    passes: asyncio.Semaphore = field(init=False)
+    """Taken by every pass (``settings.passes_at_once`` of them)."""
+
+    def __post_init__(self) -> None:
+        self.passes = asyncio.Semaphore(self.settings.passes_at_once)
 
     def listen(self) -> None:
         """Let the snapshot's informers start, wake and stop the job loops."""
@@ -132,9 +137,12 @@ class Runtime:
         for loop in self.loops.values():
             loop.wake.set()
 
-    async def stop(self, key: JobKey) -> None:
-        """Stop a deleted job's loop."""
-        self.forget(key)
+    async def stop_all(self) -> None:
+        """Stop every job's loop and wait until they have ended (the operator shuts down)."""
+        tasks = [loop.task for loop in self.loops.values()]
+        for key in list(self.loops):
+            self.forget(key)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def forget(self, key: JobKey) -> None:
         """Stop a deleted job's loop and drop what was kept about it."""
@@ -154,7 +162,8 @@ class Runtime:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), timeout=self.leader.renew.total_seconds())
                 continue
-            delay = await self._pass(key, failures)
+            async with self.passes:
+                delay = await self._pass(key, failures)
             failures = 0 if delay is not None else failures + 1
             if delay is None:  # failed: back off, and let no event shorten the wait
                 await asyncio.sleep(error_backoff(failures).total_seconds())
@@ -210,6 +219,14 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.on.event(WORKLOAD_GROUP, "workloads", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)(
         workload_event
     )
+    kopf.on.cleanup(registry=registry)(cleanup)
+
+
+async def cleanup(memo: Any, **_: Any) -> None:
+    """The operator is stopping: end the job loops first, so that the passes they would
+    still run do not keep the event loop busy while Kopf closes its own tasks (at 3,000 jobs
+    the operator outlived SIGTERM by more than 30 s)."""
+    await runtime(memo).stop_all()
 
 
 async def workload_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:

@@ -115,8 +115,7 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
             task.cancel()
         with contextlib.suppress(ApiError, OSError):
             await leader.release()
-        for key in list(rt.loops):
-            await rt.stop(key)
+        await rt.stop_all()
         await progress.close()
         await kube.close()
 

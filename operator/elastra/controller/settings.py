@@ -77,6 +77,12 @@ class OperatorSettings:
     """What a resize costs (stop, checkpoint, restart, load) when weighing growth."""
     concurrency: int = 16
     """Requests in flight per pass when creating or patching many pods."""
+    passes_at_once: int = 8
+    """Reconcile passes that run at the same time, across all jobs (controller-runtime's
+    ``MaxConcurrentReconciles``). A pass holds its observation, its plans and its view of free
+    capacity until its writes return; unbounded, 3,000 jobs started together interleaved
+    3,000 passes at their awaits, held 4 GiB and planned onto the same free GPUs, and no pass
+    reached its writes in two minutes. A few at once keep the API busy and the rest queued."""
     network_policy: bool = True
     """Create a NetworkPolicy per job that isolates its workers (off where the cluster's CNI
     enforces none or the users manage their own)."""

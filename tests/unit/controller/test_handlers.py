@@ -73,7 +73,8 @@ def run_loop(monkeypatch: pytest.MonkeyPatch, outcomes: list[Outcome]) -> list[i
         rt.ensure(("ns", "j"))
         await asyncio.wait_for(done.wait(), timeout=10)
         assert not rt.loops[("ns", "j")].task.done()  # alive after every failure
-        await rt.stop(("ns", "j"))
+        await rt.stop_all()
+        assert not rt.loops
 
     asyncio.run(main())
     assert len(calls) == len(outcomes) + 1
@@ -101,6 +102,41 @@ def test_failures_in_a_row_grow_the_backoff_and_a_success_resets_it(
     assert run_loop(monkeypatch, outcomes) == [1, 2, 4, 1]
     transient = [r for r in caplog.records if "pass failed (" in r.getMessage()]
     assert len(transient) == 3 and not any(r.exc_info for r in transient)
+
+
+def test_passes_across_jobs_are_bounded_and_stop_all_ends_every_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: every job's pass ran at once; 3,000 jobs held 4 GiB and none reached its writes."""
+    in_flight: list[tuple[str, str]] = []
+    most = 0
+    release = asyncio.Event()
+    rt = runtime(OperatorSettings(passes_at_once=2))
+
+    async def reconcile(kube: Any, snapshot: Any, namespace: str, name: str, **_: Any) -> None:
+        nonlocal most
+        in_flight.append((namespace, name))
+        most = max(most, len(in_flight))
+        await release.wait()
+        in_flight.remove((namespace, name))
+
+    monkeypatch.setattr(handlers, "reconcile", reconcile)
+
+    async def main() -> list[asyncio.Task[None]]:
+        for i in range(5):
+            rt.ensure(("ns", f"j{i}"))
+        async with asyncio.timeout(10):
+            while len(in_flight) < 2:
+                await asyncio.sleep(0.01)
+        for _ in range(20):  # let every loop reach its pass: none beyond the two may start
+            await asyncio.sleep(0)
+        tasks = [loop.task for loop in rt.loops.values()]
+        await rt.stop_all()
+        return tasks
+
+    tasks = asyncio.run(main())
+    assert most == 2
+    assert all(t.done() for t in tasks) and not rt.loops
 
 
 def woken(rt: Runtime) -> set[tuple[str, str]]:
