@@ -18,7 +18,8 @@ STALL_S; the rest of the jobs wait for capacity, as on a full cluster.
 
 Absolute seconds are printed for context only: these machines are shared and noisy.
 Environment: ELASTRA_BENCH_JOBS (300), ELASTRA_BENCH_WORKERS (8), ELASTRA_BENCH_FLEET
-(hetero-large), ELASTRA_BENCH_CLUSTER_DIR (a private cluster folder, created and removed).
+(hetero-large), ELASTRA_BENCH_CLUSTER_DIR (a private cluster folder, created and removed),
+ELASTRA_BENCH_WORLDS_WAIT_S (600: longest wait for worlds once the pods run).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ PRODUCTS = {
     "T4": "Tesla-T4",
 }
 STALL_S = 120.0
+WORLDS_WAIT_S = float(os.environ.get("ELASTRA_BENCH_WORLDS_WAIT_S", "600"))
 """A capacity-bound run ends when the number of Running pods has not grown for this long."""
 NAMESPACE = "bench"
 TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
@@ -248,18 +250,21 @@ async def watch_worlds(kube: Kube, run: OperatorRun, every_s: float = 1.0) -> No
 
 
 async def worlds_formed(run: OperatorRun, count: int) -> None:
-    """Wait until ``count`` jobs (those whose pods fit) have a world, or none more for STALL_S.
+    """Wait until ``count`` jobs (as many as the fitting pods fill) have a world, none more
+    came for STALL_S, or WORLDS_WAIT_S passed.
 
     Pods Running is not yet a world: the operator records it in status and writes the
     assignments after that, and the creation-to-first-world figures must cover every job.
     """
-    seen, since = len(run.first_world), time.monotonic()
+    start = time.monotonic()
+    seen, since = len(run.first_world), start
     while len(run.first_world) < count:
         await asyncio.sleep(1.0)
+        now = time.monotonic()
         if len(run.first_world) > seen:
-            seen, since = len(run.first_world), time.monotonic()
-        elif time.monotonic() - since > STALL_S:
-            say(f"  {seen} of {count} jobs have a world; none more for {STALL_S}s")
+            seen, since = len(run.first_world), now
+        if now - since > STALL_S or now - start > WORLDS_WAIT_S:
+            say(f"  {seen} of {count} jobs have a world after {now - start:.0f}s more; stopped")
             return
 
 
