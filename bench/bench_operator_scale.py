@@ -4,7 +4,8 @@ Prints, measured in one run on the same local control plane:
 - the time until every worker pod of every job is Running, as a ratio to the time a plain
   client needs to create the same pods directly (same API server, scheduler and kwok);
 - API requests per job, the operator's (its own Prometheus counter; Kopf's few watch streams
-  are not counted) against the plain client's (creates and its polling);
+  are not counted) against the plain client's (creates and its polling), and the operator's
+  by verb and resource;
 - CPU seconds, the operator process's against the plain client's (this process during the
   baseline), and the operator's resident memory (at the end and its peak);
 - per job, the seconds from its create call returning to its first world in status
@@ -303,6 +304,16 @@ def metric_sum(text: str, name: str) -> float:
     )
 
 
+def requests_by_kind(text: str, name: str, jobs: int) -> dict[str, float]:
+    """Requests per job by verb and resource ("POST pods": 8.0), largest first."""
+    found: dict[str, float] = {}
+    pattern = rf'^{name}{{resource="([^"]*)",verb="([^"]*)"}} ([0-9.e+]+)$'
+    for resource, verb, value in re.findall(pattern, text, flags=re.M):
+        found[f"{verb} {resource}"] = found.get(f"{verb} {resource}", 0.0) + float(value)
+    ranked = sorted(found.items(), key=lambda kv: -kv[1])
+    return {kind: round(value / jobs, 2) for kind, value in ranked if value}
+
+
 def dump_stacks(pid: int) -> None:
     """Print where a process that ignores SIGTERM is stuck: py-spy's dump, when installed."""
     spy = Path(sys.executable).with_name("py-spy")
@@ -348,6 +359,7 @@ async def run(kubeconfig: Path) -> None:
             with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as reply:
                 text = reply.read().decode()
             requests = metric_sum(text, "elastra_api_requests_total")
+            by_kind = requests_by_kind(text, "elastra_api_requests_total", JOBS)
             memory, peak = rss_mib(operator.pid), rss_mib(operator.pid, "VmHWM")
             cpu = cpu_seconds(operator.pid)
         finally:
@@ -371,6 +383,7 @@ async def run(kubeconfig: Path) -> None:
         "apiRequestsPerJob": round(requests / JOBS, 1),
         "plainRequestsPerJob": round(plain.requests / JOBS, 1),
         "requestRatio": round(requests / max(plain.requests, 1), 2),
+        "apiRequestsPerJobByKind": by_kind,
         "operatorCpuSeconds": round(cpu, 1),
         "plainClientCpuSeconds": round(plain.cpu_seconds, 1),
         "cpuRatio": round(cpu / max(plain.cpu_seconds, 1e-3), 2),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastra.controller.manifests import ANNOTATION_NODE, LABEL_JOB
-from elastra.controller.memo import LastOf
+from elastra.controller.memo import LastOf, PerObject
 from elastra.errors import UserError
 from elastra.planner import Inventory, parse_inventory
 from elastra.planner.inventory import ExcludedNode, NodeCapacity, NodeName, pod_usage
@@ -99,8 +99,7 @@ def _usage_by_job(pods: Sequence[JsonDict]) -> _Usage:
     gpus: Counter[str] = Counter()
     cpu: Counter[str] = Counter()
     by_job: dict[str, dict[str, tuple[int, int]]] = {}
-    for pod in pods:
-        node, pod_gpus, pod_cpu = _usage_of(pod)
+    for pod, (node, pod_gpus, pod_cpu) in zip(pods, _POD_USAGE.map(pods), strict=True):
         if not node:
             continue
         gpus[node] += pod_gpus
@@ -126,6 +125,8 @@ def _usage_of(pod: JsonDict) -> tuple[str, int, int]:
 
 _NODES: LastOf[Sequence[JsonDict], Inventory] = LastOf()
 _USAGE: LastOf[Sequence[JsonDict], _Usage] = LastOf()
+_POD_USAGE: PerObject[JsonDict, tuple[str, int, int]] = PerObject(_usage_of)
+"""A new listing mostly holds the pods of the last one: their quantities are parsed once."""
 
 
 def _inventory_node_by_node(nodes: Sequence[JsonDict]) -> Inventory:

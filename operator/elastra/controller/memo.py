@@ -8,7 +8,7 @@ under the cache, and the snapshot hands out its listings as tuples.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -30,3 +30,29 @@ class LastOf(Generic[K, V]):
             self._value = compute(key)
             self._key = key
         return self._value
+
+
+class PerObject(Generic[K, V]):
+    """``compute`` of each object of a listing, kept while the next listing holds the same
+    object (informers replace an object on change, never edit it in place).
+
+    After a watch event the next listing is the last one with one object changed: this
+    computes that one again instead of all of them. It holds each object, so an ``id`` stays
+    unique while its entry lives.
+    """
+
+    def __init__(self, compute: Callable[[K], V]) -> None:
+        self._compute = compute
+        self._known: dict[int, tuple[K, V]] = {}
+
+    def map(self, objects: Iterable[K]) -> list[V]:
+        """``[compute(o) for o in objects]``, computing only objects not seen last time."""
+        known: dict[int, tuple[K, V]] = {}
+        found = []
+        for obj in objects:
+            hit = self._known.get(id(obj))
+            entry = hit if hit is not None and hit[0] is obj else (obj, self._compute(obj))
+            known[id(obj)] = entry
+            found.append(entry[1])
+        self._known = known
+        return found

@@ -6,13 +6,14 @@ the sharing rule needs five facts per job, read here straight from the dicts.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from elastra.api import TrainingJob
 from elastra.controller.manifests import LABEL_JOB
-from elastra.controller.memo import LastOf
+from elastra.controller.memo import LastOf, PerObject
 from elastra.controller.observe import PodFacts
 from elastra.elastic.share import Claim, shared_desired
 from elastra.elastic.workers import WorkerState
@@ -57,14 +58,16 @@ def desired(
         starved=_starved(job.status.model_dump(by_alias=True), job.spec.suspend),
         gpu_types=frozenset(placed or job.spec.worker.gpu_types),
     )
-    counts = _LIVE_PODS.get(cluster_pods, _live_pods) + _live_pods(reserved)
+    counts = _LIVE_PODS.get(cluster_pods, _live_pods) + _counted(map(_live_job, reserved))
     others = [
-        claim for raw in jobs if (claim := _claim(raw, counts)) is not None and claim.key != me.key
+        dataclasses.replace(claim, held=counts.get(claim.key, 0))
+        for claim in _CLAIMS.get(jobs, _PER_JOB.map)
+        if claim is not None and claim.key != me.key
     ]
     return shared_desired(me, others, desired=job.spec.replicas, free=free, compatible=compatible)
 
 
-def _claim(raw: JsonDict, counts: Mapping[str, int]) -> Claim | None:
+def _claim(raw: JsonDict) -> Claim | None:
     meta = raw.get("metadata") or {}
     spec = raw.get("spec") or {}
     status = raw.get("status") or {}
@@ -79,7 +82,7 @@ def _claim(raw: JsonDict, counts: Mapping[str, int]) -> Claim | None:
     return Claim(
         key=key,
         minimum=minimum,
-        held=counts.get(key, 0),
+        held=0,
         starved=starved,
         gpu_types=frozenset(patterns if starved or not placed else placed),
     )
@@ -103,14 +106,28 @@ def _starved(status: JsonDict, suspended: bool) -> bool:
 
 
 _LIVE_PODS: LastOf[Sequence[JsonDict], Counter[str]] = LastOf()
+_PER_JOB: PerObject[JsonDict, Claim | None] = PerObject(_claim)
+"""Each job's claim with ``held`` 0 (filled from the pod counts): re-read only when it changed."""
+_CLAIMS: LastOf[Sequence[JsonDict], list[Claim | None]] = LastOf()
 
 
 def _live_pods(pods: Sequence[JsonDict]) -> Counter[str]:
-    counts: Counter[str] = Counter()
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        job = (meta.get("labels") or {}).get(LABEL_JOB)
-        phase = (pod.get("status") or {}).get("phase")
-        if job and phase not in ("Succeeded", "Failed"):  # terminating ones too: see _HELD
-            counts[f"{meta.get('namespace', '')}/{job}"] += 1
-    return counts
+    """Pods per job ("namespace/name") that hold or will hold their GPUs (for the shared
+    listing only: the memo keeps the pods of the last listing it was given)."""
+    return _counted(_LIVE_JOB.map(pods))
+
+
+def _counted(jobs: Iterable[str | None]) -> Counter[str]:
+    return Counter(job for job in jobs if job is not None)
+
+
+def _live_job(pod: JsonDict) -> str | None:
+    meta = pod.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(LABEL_JOB)
+    phase = (pod.get("status") or {}).get("phase")
+    if job and phase not in ("Succeeded", "Failed"):  # terminating ones too: see _HELD
+        return f"{meta.get('namespace', '')}/{job}"
+    return None
+
+
+_LIVE_JOB: PerObject[JsonDict, str | None] = PerObject(_live_job)

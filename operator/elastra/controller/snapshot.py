@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from elastra.controller.manifests import LABEL_JOB
+from elastra.controller.memo import PerObject
 from elastra.controller.observe import slim_node, slim_pod
 from elastra.kube import resources
 from elastra.kube.client import JsonDict, Kube
@@ -85,6 +86,8 @@ class ClusterSnapshot:
     _cluster: Cluster = field(default_factory=lambda: Cluster((), (), ()))
     _built: tuple[int, int, int] = (-1, -1, -1)
     _reserved: dict[Key, _Reservation] = field(default_factory=dict)
+    _slim: PerObject[JsonDict, JsonDict] = field(default_factory=lambda: PerObject(slim_pod))
+    """Each cached pod's ``slim_pod``: a read re-slims only the pods that changed."""
     _lost_nodes: dict[str, datetime] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -142,11 +145,7 @@ class ClusterSnapshot:
         was = self._cluster
         self._cluster = Cluster(
             nodes=was.nodes if nodes == self._built[0] else tuple(self.nodes.items()),
-            pods=(
-                was.pods
-                if pods == self._built[1]
-                else tuple(slim_pod(p) for p in self.pods.items())
-            ),
+            pods=was.pods if pods == self._built[1] else tuple(self._slim.map(self.pods.items())),
             jobs=was.jobs if jobs == self._built[2] else tuple(self.jobs.items()),
         )
         self._built = (nodes, pods, jobs)

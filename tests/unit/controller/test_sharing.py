@@ -81,3 +81,39 @@ def test_other_jobs_terminating_pods_count_as_held() -> None:
     }
     done = {**pod, "status": {"phase": "Succeeded"}}
     assert sharing._live_pods([pod, done]) == {"default/a": 1}
+
+
+def worker_of(job_name: str, index: int, phase: str = "Running") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "namespace": "default",
+            "name": f"{job_name}-w-{index}",
+            "labels": {"elastra.dev/job": job_name},
+        },
+        "status": {"phase": phase},
+    }
+
+
+@pytest.mark.parametrize(
+    ("listed", "reserved", "want"),
+    [
+        ((), (), 2),  # the starved job holds nothing: this one gives down to its minimum
+        ((worker_of("other", 0),), (), 3),  # it holds one of the two it needs
+        ((worker_of("other", 0),), (worker_of("other", 1),), 4),  # being created counts too
+        ((worker_of("other", 0, "Failed"),), (), 2),  # an ended pod holds nothing
+    ],
+)
+def test_the_other_jobs_listed_and_reserved_pods_count_as_held(
+    listed: tuple[dict[str, Any], ...], reserved: tuple[dict[str, Any], ...], want: int
+) -> None:
+    me = TrainingJob.model_validate(job(replicas=4, minReplicas=2))
+    others = (starved("other", 2),)
+    got = sharing.desired(me, held(4), others, listed, free=0, reserved=reserved)
+    assert got == want
+
+
+def test_counts_follow_a_new_listing_that_shares_pods_with_the_last() -> None:
+    """Listings are memoized per pod object: a pod replaced by its next version is read again."""
+    running, other = worker_of("a", 0), worker_of("b", 0)
+    assert sharing._live_pods((running, other)) == {"default/a": 1, "default/b": 1}
+    assert sharing._live_pods((worker_of("a", 0, "Succeeded"), other)) == {"default/b": 1}

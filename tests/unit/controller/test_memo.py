@@ -1,0 +1,52 @@
+"""memo: values derived from the shared listings, computed again only for what changed."""
+
+from __future__ import annotations
+
+from elastra.controller.memo import LastOf, PerObject
+
+
+def test_last_of_computes_again_only_for_a_new_tuple() -> None:
+    calls: list[tuple[int, ...]] = []
+    memo: LastOf[tuple[int, ...], int] = LastOf()
+
+    def total(values: tuple[int, ...]) -> int:
+        calls.append(values)
+        return sum(values)
+
+    listing = (1, 2)
+    assert memo.get(listing, total) == 3
+    assert memo.get(listing, total) == 3
+    assert memo.get((1, 2, 3), total) == 6
+    assert len(calls) == 2
+
+
+def test_last_of_never_caches_a_list() -> None:
+    memo: LastOf[list[int], int] = LastOf()
+    values = [1]
+    assert memo.get(values, sum) == 1
+    values.append(2)
+    assert memo.get(values, sum) == 3
+
+
+def test_per_object_computes_only_objects_it_did_not_hold() -> None:
+    seen: list[str] = []
+
+    def name(obj: dict[str, str]) -> str:
+        seen.append(obj["name"])
+        return obj["name"].upper()
+
+    memo = PerObject(name)
+    a, b = {"name": "a"}, {"name": "b"}
+    assert memo.map([a, b]) == ["A", "B"]
+    b2 = {"name": "b2"}  # b replaced by its next version, as an informer does
+    assert memo.map([a, b2, a]) == ["A", "B2", "A"]
+    assert seen == ["a", "b", "b2"]
+
+
+def test_per_object_tells_an_equal_new_object_from_the_one_it_holds() -> None:
+    """Identity, not equality: an object built anew is computed anew."""
+    memo: PerObject[dict[str, str], dict[str, str]] = PerObject(dict)
+    first = {"phase": "Running"}
+    kept = memo.map([first])[0]
+    again = memo.map([{"phase": "Running"}])[0]
+    assert kept == again and kept is not again
