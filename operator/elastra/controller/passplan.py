@@ -74,9 +74,6 @@ from elastra.errors import UserError
 JsonDict = Mapping[str, Any]
 MAX_RESIZE_HISTORY = 20
 FAILURE_REASONS = (Reason.WORKER_FAILED, Reason.WORKER_LOST)
-ALIVE = frozenset({WorkerState.READY, WorkerState.PENDING, WorkerState.GATED})
-"""A pod that runs or is on its way to: a failed job stops these, and (unless retiring) they
-are the job's pods that placement keeps and a move may use."""
 
 
 @dataclass(frozen=True)
@@ -458,7 +455,7 @@ def _report(
 
 def _staying(fact: PodFacts) -> bool:
     """Alive and not retiring: a pod the job keeps."""
-    return fact.view.retiring_since is None and fact.view.state in ALIVE
+    return fact.view.retiring_since is None and fact.view.state.alive
 
 
 def _placement(ctx: _Pass) -> tuple[Placement, timedelta | None]:
@@ -665,7 +662,7 @@ def _transition_events(before: TrainingJobStatus, after: TrainingJobStatus) -> l
 def _terminal(job: TrainingJob, facts: Mapping[str, PodFacts]) -> PassPlan:
     """A job that ended: a failed one keeps stopping what still runs; nothing else changes."""
     failed = is_true(job.status, ConditionType.FAILED)
-    deletes = tuple(sorted(n for n, f in facts.items() if failed and f.view.state in ALIVE))
+    deletes = tuple(sorted(n for n, f in facts.items() if failed and f.view.state.alive))
     return PassPlan(status=job.status, deletes=deletes)
 
 
@@ -694,5 +691,5 @@ def _fail(
     return PassPlan(
         status=failed,
         events=(EventSpec(EventType.WARNING, reason, message),),
-        deletes=tuple(sorted(n for n, f in facts.items() if f.view.state in ALIVE)),
+        deletes=tuple(sorted(n for n, f in facts.items() if f.view.state.alive)),
     )

@@ -16,14 +16,9 @@ from elastra.controller.manifests import LABEL_JOB
 from elastra.controller.memo import LastOf, PerObject
 from elastra.controller.observe import PodFacts
 from elastra.elastic.share import Claim, shared_desired
-from elastra.elastic.workers import WorkerState
 from elastra.planner.catalog import lookup, matches
 
 JsonDict = Mapping[str, Any]
-_HELD = (WorkerState.READY, WorkerState.PENDING, WorkerState.GATED, WorkerState.TERMINATING)
-"""States of a pod that occupies its GPUs. A terminating pod still does (the scheduler will
-not place its successor until it is gone): counting it keeps a donor whose donated pod is
-still shutting down from giving a second one (before, a pass in that moment gave twice)."""
 
 
 def compatible(pattern: str, type_name: str) -> bool:
@@ -49,7 +44,9 @@ def desired(
     ``decide``'s concern (``placeable``), and starting from a smaller planned size here would
     make a job that is short of capacity also give GPUs away it never asked to give.
     """
-    held = sum(1 for f in facts.values() if f.view.state in _HELD)
+    # Terminating pods count (``holds_gpus``): before, a donor whose donated pod was still
+    # shutting down gave a second one in that moment.
+    held = sum(1 for f in facts.values() if f.view.state.holds_gpus)
     placed = {p.gpu_type for p in job.status.placement if p.gpu_type}
     me = Claim(
         key=f"{job.metadata.namespace}/{job.metadata.name}",
@@ -125,7 +122,7 @@ def _live_job(pod: JsonDict) -> str | None:
     meta = pod.get("metadata") or {}
     job = (meta.get("labels") or {}).get(LABEL_JOB)
     phase = (pod.get("status") or {}).get("phase")
-    if job and phase not in ("Succeeded", "Failed"):  # terminating ones too: see _HELD
+    if job and phase not in ("Succeeded", "Failed"):  # terminating ones too: see holds_gpus
         return f"{meta.get('namespace', '')}/{job}"
     return None
 

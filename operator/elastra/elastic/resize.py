@@ -154,7 +154,7 @@ def _retire_left(inp: ResizeInput, policy: ResizePolicy) -> timedelta | None:
     left = [
         policy.retire_timeout - (inp.now - w.retiring_since)
         for w in inp.workers
-        if w.retiring_since is not None and w.state in (WorkerState.READY, WorkerState.PENDING)
+        if w.retiring_since is not None and w.state.started
     ]
     return max(min(left), timedelta(0)) if left else None
 
@@ -343,13 +343,12 @@ def _with_deletes(decision: ResizeDecision, more: frozenset[PodName]) -> ResizeD
 
 def _finished_retiring(inp: ResizeInput, policy: ResizePolicy) -> frozenset[PodName]:
     """Retiring pods that checkpointed and exited, died, or ran out of time."""
-    still_working = (WorkerState.READY, WorkerState.PENDING)
     finished: set[PodName] = set()
     for w in inp.workers:
         if w.retiring_since is None or w.state is WorkerState.TERMINATING:
             continue
         timed_out = inp.now - w.retiring_since >= policy.retire_timeout
-        if w.state not in still_working or timed_out:
+        if not w.state.started or timed_out:
             finished.add(w.pod)
     return frozenset(finished)
 

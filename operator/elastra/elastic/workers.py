@@ -35,6 +35,24 @@ class WorkerState(StrEnum):
     TERMINATING = "Terminating"
     """Has a deletion timestamp: going away (preemption, drain, our own delete)."""
 
+    @property
+    def started(self) -> bool:
+        """Ungated and not ended: runs, or is being scheduled or started (a retiring pod in
+        these states is still checkpointing)."""
+        return self in (WorkerState.READY, WorkerState.PENDING)
+
+    @property
+    def alive(self) -> bool:
+        """Runs or is on its way to: a failed job stops these; unless retiring, they are the
+        pods a job keeps (placement counts them, a move may use them)."""
+        return self.started or self is WorkerState.GATED
+
+    @property
+    def holds_gpus(self) -> bool:
+        """Occupies its GPUs: alive, or terminating (the scheduler places no successor until
+        it is gone, so a donor whose donated pod is still shutting down holds it)."""
+        return self.alive or self is WorkerState.TERMINATING
+
 
 @dataclass(frozen=True)
 class WorkerView:
