@@ -1,9 +1,11 @@
-"""A one-entry cache for values derived from the shared cluster listing.
+"""Caches for values derived from the shared cluster listings.
 
-Every job's pass derives the same things (parsed nodes, node health, pod usage) from the
-listing all passes share; computing them once per listing instead of once per pass is what
-keeps the operator's CPU flat as jobs multiply. Only tuples are cached: they cannot change
-under the cache, and the snapshot hands out its listings as tuples.
+Every job's pass derives the same things (parsed nodes, node health, pod usage, job claims)
+from the listings all passes share. ``LastOf`` computes a value once per listing instead of
+once per pass; only tuples are cached, as they cannot change under the cache (the snapshot
+hands out its listings as tuples). ``PerObject`` computes a per-object value once per
+object, so a new listing after one watch event costs one object's work, not all of them.
+Together they keep the operator's CPU flat as jobs multiply.
 """
 
 from __future__ import annotations

@@ -130,6 +130,22 @@ def test_tuples_are_rebuilt_only_for_the_informer_that_changed() -> None:
     assert second.pods is not first.pods and len(second.pods) == 2
 
 
+def test_a_read_slims_again_only_the_pod_that_changed() -> None:
+    """The listing, capacity and counts follow a changed pod and reuse the others."""
+    snap = synced_snapshot([gated_pod("a-0"), gated_pod("b-0", gpus=1)])
+    first = {p["metadata"]["name"]: p for p in snap.read().pods}
+    assert free_gpus(snap.read()) == 8 - 4 - 1
+    snap.pods.apply({"type": "MODIFIED", "object": gated_pod("b-0", gpus=2)})
+    second = {p["metadata"]["name"]: p for p in snap.read().pods}
+    assert second["a-0"] is first["a-0"]
+    assert second["b-0"] == slim_pod(gated_pod("b-0", gpus=2))
+    assert free_gpus(snap.read()) == 8 - 4 - 2
+    ended = gated_pod("b-0", gpus=2)
+    ended["status"]["phase"] = "Succeeded"
+    snap.pods.apply({"type": "MODIFIED", "object": ended})
+    assert _live_pods(snap.read().pods) == {"ns/a": 1}
+
+
 def test_a_status_write_is_in_the_cache_at_once_unless_the_watch_was_faster() -> None:
     snap = synced_snapshot()
     job = {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "3"}, "status": {}}
