@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import os
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -22,7 +21,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from elastra_worker.launcher import free_port
 from elastra_worker.models.llama import ModelConfig
+
+__all__ = ["TINY", "assert_tensors_close", "free_port", "run_world"]
 
 TINY = ModelConfig(
     layers=4,
@@ -36,10 +38,6 @@ TINY = ModelConfig(
 """The model every parallelism test uses: GQA, an odd vocabulary, four layers."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank_main(job: tuple[Callable[..., Any], tuple[Any, ...]], rank: int, world: int, port: int,
