@@ -58,11 +58,8 @@ eval "$("${cluster[@]}" env)"  # DOCKER_HOST and PATH of the daemon kind used
 
 echo "e2e-kind: building and loading the worker and operator images"
 "$PYTHON" -m e2e.images build worker operator
-"$PYTHON" -m e2e.images save worker operator --out "$work"
-for image in worker operator; do
-  "$KIND" load image-archive "$work/$image.tar" --name "$NAME"
-  rm -f "$work/$image.tar"
-done
+# Only into the nodes that run pods, blobs dropped once unpacked (see e2e/kind/images.py).
+"$PYTHON" -m e2e.kind.images --name "$NAME" --kind "$KIND" worker operator
 
 echo "e2e-kind: running the e2e suite (timeout ${TIMEOUT}s)"
 ELASTRA_E2E_KUBECONFIG="$work/kubeconfig" timeout -k 30 "$TIMEOUT" "$PYTHON" -m pytest e2e/suite "$@"

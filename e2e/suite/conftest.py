@@ -42,6 +42,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 ON_THE_CLUSTER = (
     "test_cpu_tiny.py",
     "test_llama_3d.py",
+    "test_node_lost.py",
     "test_torchrun.py",
     "test_object_storage.py",
     "test_readme_install.py",

@@ -1,0 +1,108 @@
+"""Elastra's images into the nodes of a kind cluster that run pods, unpacked, blobs dropped.
+
+``python -m e2e.kind.images [--name N] worker operator``
+
+Why not `kind load image-archive`: it imports an image into every node and keeps both the
+layer blobs and the unpacked snapshots. The worker image is a 5.6 GiB torch layer, so for one
+control plane and three workers that is about 4 x 11 GiB, more than these machines' free disk.
+Pods never run on a multi-node kind cluster's control plane (kind keeps its NoSchedule taint),
+so the images go only to the nodes that run pods, and once an image is unpacked its layer
+blobs are removed: containers start from the snapshots (the node image's preloaded images are
+stored the same way). Per worker node that is 5.6 GiB instead of 11. The import itself is what
+kind does (``ctr images import`` in the node, with the node's snapshotter), so the same code
+serves kind's published node images.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+from e2e.images.archive import write_archive
+from e2e.images.build import BUILDERS, Image
+from e2e.kind.cluster import DEFAULT_NAME, Env, environment, kind_binary, say
+
+ROLE_LABEL = "io.x-k8s.kind.role"
+SNAPSHOTTER = re.compile(r'^\s*snapshotter\s*=\s*"([^"]+)"', re.MULTILINE)
+
+
+def pod_nodes(env: Env, kind: str, name: str) -> list[str]:
+    """The node containers pods run on: the workers, or the only node of a one-node cluster."""
+    nodes = env.run(
+        [kind, "get", "nodes", "--name", name], capture_output=True, check=True
+    ).stdout.split()
+    if not nodes:
+        raise SystemExit(f"kind-images: cluster {name!r} has no nodes (is it up?)")
+    roles = {
+        node: env.docker("inspect", "--format", f'{{{{index .Config.Labels "{ROLE_LABEL}"}}}}',
+                         node).stdout.strip()
+        for node in nodes
+    }  # fmt: skip
+    workers = sorted(node for node, role in roles.items() if role == "worker")
+    return workers or sorted(nodes)
+
+
+def snapshotter(env: Env, node: str) -> str:
+    """The snapshotter the node's CRI unpacks with (what kubelet's containers start from)."""
+    dump = env.docker("exec", node, "containerd", "config", "dump").stdout
+    found = SNAPSHOTTER.search(dump)
+    return found.group(1) if found else "overlayfs"
+
+
+def load_into(env: Env, node: str, image: Image) -> None:
+    """Stream the image into the node's containerd (namespace k8s.io), then drop its blobs."""
+    ctr = ["docker", "exec", "-i", node, "ctr", "--namespace=k8s.io"]
+    argv = [*ctr, "images", "import", "--all-platforms", "--digests",
+            f"--snapshotter={snapshotter(env, node)}", "-"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            env=env.vars)  # fmt: skip
+    assert proc.stdin is not None
+    try:
+        write_archive(proc.stdin, tag=image.tag, layers=image.layers, config=image.config)
+    finally:
+        proc.stdin.close()
+    if proc.wait() != 0:
+        raise SystemExit(f"kind-images: importing {image.tag} into node {node} failed")
+    # The archive's layers are uncompressed: a layer blob's digest is its diff_id. One digest
+    # per call: ctr stops at the first one it cannot remove (already gone, shared).
+    for layer in image.layers:
+        subprocess.run([*ctr, "content", "rm", layer.digest], env=env.vars, check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    listed = env.docker("exec", node, "ctr", "--namespace=k8s.io", "images", "ls", "-q")
+    if image.tag not in listed.stdout.split():
+        raise SystemExit(f"kind-images: {image.tag} is not listed in node {node} after import")
+
+
+def load(name: str, images: list[str], *, kind: str) -> None:
+    env = environment(start=False)
+    kind = kind_binary(kind)
+    nodes = pod_nodes(env, kind, name)
+    for image_name in images:
+        image = BUILDERS[image_name]()
+        for node in nodes:
+            started = time.monotonic()
+            say(f"{image.tag} ({image.size / 2**20:.0f} MiB) into {node} ...")
+            load_into(env, node, image)
+            say(f"{image.tag} into {node}: {time.monotonic() - started:.0f}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m e2e.kind.images",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("images", nargs="+", choices=sorted(BUILDERS))
+    parser.add_argument("--name", default=os.environ.get("KIND_CLUSTER", DEFAULT_NAME))
+    parser.add_argument("--kind", default="", help="kind binary (default: make kind-image's)")
+    args = parser.parse_args(argv)
+    load(args.name, args.images, kind=args.kind)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
