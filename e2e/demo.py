@@ -115,8 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         say("starting the cluster (builds the toolchain and images when missing)")
         with target_cluster(keep=args.keep) as target, contextlib.ExitStack() as stack:
             kube = target.kube
-            host_dir = target.local_root / "volumes" / "cpu-tiny" if target.local_root else None
-            setup = Setup(host_dir=host_dir)
+            setup = Setup(volume=target.volume("cpu-tiny"))
             job = JobRun(kube, setup.job_namespace, "cpu-tiny", operator=setup.operator)
             elastra = Elastra(kube, setup, job)
             if not args.keep:
@@ -146,7 +145,7 @@ def _cleanup(elastra: Elastra) -> None:
             "delete", "namespace", elastra.setup.job_namespace, elastra.setup.operator_namespace
         ),
         lambda: elastra.kube.kubectl("delete", "pv", elastra.setup.volume_name),
-        lambda: shutil.rmtree(elastra.setup.host_dir) if elastra.setup.host_dir else None,
+        lambda: shutil.rmtree(elastra.setup.volume.host) if elastra.setup.volume else None,
     ):
         with contextlib.suppress(KubeError, WaitTimeoutError, OSError):
             step()

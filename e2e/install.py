@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 from e2e.kube import Kube, wait_for
+from e2e.target import Volume
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "elastra"
@@ -46,9 +47,9 @@ class Setup:
     operator_namespace: str = "elastra-system"
     job_namespace: str = "elastra-e2e"
     claim: str = "cpu-tiny-checkpoints"
-    host_dir: Path | None = None
-    """Local cluster: the checkpoint directory on this machine (a static hostPath volume);
-    None: the cluster's default StorageClass provides the claim."""
+    volume: Volume | None = None
+    """The checkpoint folder (a static hostPath volume, Target.volume); None: the cluster's
+    default StorageClass provides the claim."""
 
     @property
     def operator(self) -> str:
@@ -80,14 +81,11 @@ def checkpoint_storage(kube: Kube, setup: Setup) -> None:
         "metadata": {"name": setup.claim, "namespace": setup.job_namespace},
         "spec": {"resources": {"requests": {"storage": "1Gi"}}},
     }
-    if setup.host_dir is None:
+    if setup.volume is None:
         claim["spec"]["accessModes"] = ["ReadWriteOnce"]  # one node: every worker mounts it
         kube.apply(claim)
         return
-    if setup.host_dir.exists():
-        shutil.rmtree(setup.host_dir)  # a fresh run starts from no checkpoint
-    setup.host_dir.mkdir(parents=True)
-    os.chown(setup.host_dir, WORKER_UID, WORKER_UID)
+    fresh_folder(setup.volume.host)
     claim["spec"] |= {
         "accessModes": ["ReadWriteMany"],
         "storageClassName": "elastra-e2e-static",
@@ -103,10 +101,18 @@ def checkpoint_storage(kube: Kube, setup: Setup) -> None:
             "persistentVolumeReclaimPolicy": "Retain",
             "storageClassName": "elastra-e2e-static",
             "claimRef": {"namespace": setup.job_namespace, "name": setup.claim},
-            "hostPath": {"path": str(setup.host_dir), "type": "Directory"},
+            "hostPath": {"path": str(setup.volume.node), "type": "Directory"},
         },
     }
     kube.apply([volume, claim])
+
+
+def fresh_folder(path: Path) -> None:
+    """An empty folder the worker's user owns: a fresh run starts from no checkpoint."""
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    os.chown(path, WORKER_UID, WORKER_UID)
 
 
 def helm_install(kube: Kube, setup: Setup, *extra: str) -> str:

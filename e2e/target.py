@@ -21,15 +21,48 @@ from e2e.kube import Kube
 
 REPO = Path(__file__).resolve().parents[1]
 EXTERNAL_ENV = "ELASTRA_E2E_KUBECONFIG"
+SHARED_ENV = "ELASTRA_E2E_SHARED_VOLUMES"
+"""External cluster: "HOST:NODE", a folder of this machine that every node mounts at NODE
+(e2e/kind/cluster.py sets it); checkpoint volumes are then static hostPath volumes there, as
+on the local cluster, and the workers of a job on different nodes see the same files."""
 DIR_ENV = "ELASTRA_E2E_CLUSTER_DIR"
 IMAGES = ("worker", "operator")
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A folder of this machine that the nodes see too: a static hostPath checkpoint volume."""
+
+    host: Path
+    """Where this machine reads it (step logs) and removes it."""
+    node: Path
+    """The same folder as the nodes see it: the PersistentVolume's hostPath."""
 
 
 @dataclass(frozen=True)
 class Target:
     kube: Kube
     local_root: Path | None
-    """The local cluster's folder (the checkpoint volume lives under it); None: external."""
+    """The local cluster's folder; None: external."""
+    shared: Volume | None
+    """The root of the checkpoint volumes (a folder under local_root, or SHARED_ENV's);
+    None: the cluster's default StorageClass provides the claims."""
+
+    def volume(self, name: str) -> Volume | None:
+        """The checkpoint volume ``name`` under ``shared``."""
+        if self.shared is None:
+            return None
+        return Volume(self.shared.host / name, self.shared.node / name)
+
+
+def shared_from_env() -> Volume | None:
+    value = os.environ.get(SHARED_ENV, "")
+    if not value:
+        return None
+    host, sep, node = value.partition(":")
+    if not sep or not Path(host).is_dir():
+        raise SystemExit(f"{SHARED_ENV}={value}: expected HOST:NODE with HOST an existing folder")
+    return Volume(Path(host), Path(node))
 
 
 @contextlib.contextmanager
@@ -40,13 +73,15 @@ def target_cluster(*, keep: bool = False) -> Iterator[Target]:
         path = Path(external)
         if not path.is_file():
             raise SystemExit(f"{EXTERNAL_ENV}={external}: no such kubeconfig file")
-        yield Target(Kube(path, toolchain_bindir(build=True)), None)
+        yield Target(Kube(path, toolchain_bindir(build=True)), None, shared_from_env())
         return
     layout = Layout(Path(os.environ.get(DIR_ENV) or REPO / ".cluster-e2e").resolve())
     owner = "" if keep else f"pid:{os.getpid()}"
     started = up(layout, fleet=None, owner=owner, real_node=True, images=IMAGES)
     try:
-        yield Target(Kube(layout.kubeconfig, toolchain_bindir(build=False)), layout.root)
+        volumes = layout.root / "volumes"
+        kube = Kube(layout.kubeconfig, toolchain_bindir(build=False))
+        yield Target(kube, layout.root, Volume(volumes, volumes))
     finally:
         if started and not keep:
             down(layout)

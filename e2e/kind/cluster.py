@@ -28,15 +28,17 @@ from pathlib import Path
 
 import yaml
 from e2e.kind import dockerd, nodeimage
+from e2e.target import SHARED_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_NAME = "elastra-e2e"
 LIB_MODULES = Path("/lib/modules")
 SHARED_PV_PATH = "/tmp/hostpath_pv"
-"""Where the controller-manager's host-path provisioner (the node image's default
-StorageClass) makes each claim's directory. One host directory mounted there in every node
-makes a claim's data the same on all of them: a job's workers on different nodes, or a worker
-rescheduled after its node was lost, see the same checkpoints."""
+"""Where every node mounts one host folder (``<cache>/kind/volumes/<cluster>``): the e2e suite's
+static checkpoint volumes live there (``env`` prints it as ELASTRA_E2E_SHARED_VOLUMES), and so
+do the claims of the controller-manager's host-path provisioner (the local node image's
+default StorageClass puts each claim's folder here). A job's workers on different nodes, or a
+worker rescheduled after its node was lost, see the same checkpoints."""
 
 
 def with_shared_volumes(config: Path, shared: Path, out: Path) -> Path:
@@ -176,11 +178,10 @@ def up(
         # kind bind-mounts /lib/modules into every node; docker would create it on the host.
         LIB_MODULES.mkdir(parents=True)
         state["created_lib_modules"] = True
-    if image == "local":
-        shared = dockerd.Layout.default().data.parent / "volumes" / name
-        shared.mkdir(parents=True, exist_ok=True)
-        state["shared"] = str(shared)
-        config = with_shared_volumes(config, shared, shared.parent / f"{name}-kind-config.yaml")
+    shared = dockerd.Layout.default().data.parent / "volumes" / name
+    shared.mkdir(parents=True, exist_ok=True)
+    state["shared"] = str(shared)
+    config = with_shared_volumes(config, shared, shared.parent / f"{name}-kind-config.yaml")
     write_state(state)
     kind = kind_binary(kind)
     argv = [kind, "create", "cluster", "--name", name, "--config", str(config), "--wait", wait]
@@ -280,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         if env.ours:
             for key, value in dockerd.env(dockerd.Layout.default()).items():
                 print(f"export {key}={value}")
+        shared = read_state().get("shared")
+        if isinstance(shared, str):
+            print(f"export {SHARED_ENV}={shared}:{SHARED_PV_PATH}")
     else:
         found = leftovers()
         for item in found:

@@ -69,8 +69,7 @@ def target() -> Iterator[Target]:
 @pytest.fixture(scope="session")
 def elastra(target: Target) -> Iterator[Elastra]:
     kube = target.kube
-    host_dir = target.local_root / "volumes" / "cpu-tiny" if target.local_root else None
-    setup = Setup(host_dir=host_dir)
+    setup = Setup(volume=target.volume("cpu-tiny"))
     job = JobRun(
         kube,
         setup.job_namespace,
@@ -97,7 +96,7 @@ def cleanup(state: Elastra) -> None:
         lambda: kube.kubectl("delete", "namespace", setup.job_namespace, "--ignore-not-found"),
         lambda: kube.kubectl("delete", "namespace", setup.operator_namespace, "--ignore-not-found"),
         lambda: kube.kubectl("delete", "pv", setup.volume_name, "--ignore-not-found"),
-        lambda: shutil.rmtree(setup.host_dir) if setup.host_dir else None,
+        lambda: shutil.rmtree(setup.volume.host) if setup.volume else None,
     ]
     for step in steps:
         with contextlib.suppress(KubeError, TimeoutError, OSError):

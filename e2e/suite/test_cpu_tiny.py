@@ -162,10 +162,10 @@ def test_a_minute_without_the_api_server_is_ridden_out(elastra: Elastra, target:
     """The API server frozen for a minute (nothing answers, connections hang): the workers
     train on without it, and once it answers again the job is Running at its desired size and
     training within RECOVER_S. The next chapter checks that no step was lost."""
-    if target.local_root is None or elastra.setup.host_dir is None:
+    if target.local_root is None or elastra.setup.volume is None:
         pytest.skip("freezes the local cluster's API server; an external cluster's cannot be")
     job = elastra.job
-    host_log = elastra.setup.host_dir / "steps.jsonl"
+    host_log = elastra.setup.volume.host / "steps.jsonl"
     desired = int(job.job()["spec"]["replicas"])
     before = job.step_log()[-1].step
     with apiserver_frozen(Layout(target.local_root)):

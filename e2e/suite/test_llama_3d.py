@@ -32,8 +32,8 @@ DATASET_SIZE = 1 << 20  # elastra_worker.train's default --dataset-size
 def job3d(elastra: Elastra, target: Target) -> Iterator[JobRun]:
     kube = elastra.kube
     elastra.job.delete()  # the cpu-tiny chapters are over
-    host_dir = target.local_root / "volumes" / "llama-tiny-3d" if target.local_root else None
-    storage = replace(elastra.setup, claim="llama-tiny-3d-checkpoints", host_dir=host_dir)
+    volume = target.volume("llama-tiny-3d")
+    storage = replace(elastra.setup, claim="llama-tiny-3d-checkpoints", volume=volume)
     checkpoint_storage(kube, storage)
     job = JobRun(kube, storage.job_namespace, "llama-tiny-3d", operator=storage.operator)
     try:
@@ -43,8 +43,8 @@ def job3d(elastra: Elastra, target: Target) -> Iterator[JobRun]:
             job.delete(timeout=240)
             kube.kubectl("delete", "pvc", storage.claim, "-n", storage.job_namespace)
             kube.kubectl("delete", "pv", storage.volume_name, "--ignore-not-found")
-        if host_dir is not None:
-            shutil.rmtree(host_dir, ignore_errors=True)
+        if volume is not None:
+            shutil.rmtree(volume.host, ignore_errors=True)
 
 
 def test_a_3d_plan_trains_and_a_resize_changes_the_plan(elastra: Elastra, job3d: JobRun) -> None:

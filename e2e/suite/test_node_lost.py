@@ -78,8 +78,8 @@ def node_job(elastra: Elastra, target: Target) -> Iterator[tuple[JobRun, dict[st
     if not containers:
         pytest.skip("kills a node's container: needs a kind cluster (make e2e-kind)")
     elastra.job.delete()  # the cpu-tiny chapters are over: its workers would take the CPU
-    host_dir = target.local_root / "volumes" / NAME if target.local_root else None
-    storage = replace(elastra.setup, claim=f"{NAME}-checkpoints", host_dir=host_dir)
+    volume = target.volume(NAME)
+    storage = replace(elastra.setup, claim=f"{NAME}-checkpoints", volume=volume)
     checkpoint_storage(kube, storage)
     job = JobRun(kube, storage.job_namespace, NAME, operator=storage.operator)
     try:
@@ -94,8 +94,8 @@ def node_job(elastra: Elastra, target: Target) -> Iterator[tuple[JobRun, dict[st
             job.delete(timeout=240)
             kube.kubectl("delete", "pvc", storage.claim, "-n", storage.job_namespace)
             kube.kubectl("delete", "pv", storage.volume_name, "--ignore-not-found")
-        if host_dir is not None:
-            shutil.rmtree(host_dir, ignore_errors=True)
+        if volume is not None:
+            shutil.rmtree(volume.host, ignore_errors=True)
 
 
 def node_ready(kube: Kube, node: str) -> bool:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.install import WORKER_UID
+from e2e.install import fresh_folder
 from e2e.kube import Kube, KubeError, wait_for
 from e2e.target import REPO, Target
 
@@ -97,19 +97,17 @@ def test_install_section_runs_cpu_tiny_to_completion(readme_volume: None, target
 @pytest.fixture
 def readme_volume(target: Target) -> Iterator[None]:
     """A hostPath volume the README's claim binds to (local cluster); the clean-up after."""
-    host_dir = target.local_root / "volumes" / VOLUME if target.local_root else None
-    if host_dir is not None:
-        shutil.rmtree(host_dir, ignore_errors=True)
-        host_dir.mkdir(parents=True)
-        os.chown(host_dir, WORKER_UID, WORKER_UID)
-        target.kube.apply(_volume(host_dir))
+    volume = target.volume(VOLUME)
+    if volume is not None:
+        fresh_folder(volume.host)
+        target.kube.apply(_volume(volume.node))
     try:
         yield
     finally:
-        _clean_up(target.kube, host_dir)
+        _clean_up(target.kube, volume.host if volume else None)
 
 
-def _volume(host_dir: Path) -> dict[str, Any]:
+def _volume(node_dir: Path) -> dict[str, Any]:
     """No storageClassName: binds to a claim that names none when no default class exists."""
     return {
         "apiVersion": "v1",
@@ -120,7 +118,7 @@ def _volume(host_dir: Path) -> dict[str, Any]:
             "accessModes": ["ReadWriteOnce"],
             "persistentVolumeReclaimPolicy": "Retain",
             "claimRef": {"namespace": NAMESPACE, "name": CLAIM},
-            "hostPath": {"path": str(host_dir), "type": "Directory"},
+            "hostPath": {"path": str(node_dir), "type": "Directory"},
         },
     }
 

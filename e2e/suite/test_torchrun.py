@@ -40,8 +40,8 @@ def torchrun_job(elastra: Elastra, target: Target) -> Iterator[JobRun]:
     elastra.job.delete()
     with contextlib.suppress(KubeError, TimeoutError):
         JobRun(kube, namespace, "llama-tiny-3d").delete(timeout=240)
-    host_dir = target.local_root / "volumes" / "torchrun-ddp" if target.local_root else None
-    storage = replace(elastra.setup, claim="torchrun-ddp-checkpoints", host_dir=host_dir)
+    volume = target.volume("torchrun-ddp")
+    storage = replace(elastra.setup, claim="torchrun-ddp-checkpoints", volume=volume)
     checkpoint_storage(kube, storage)
     kube.kubectl("create", "configmap", "torchrun-ddp-script", "-n", namespace,
                  f"--from-file={SCRIPT}")  # fmt: skip
@@ -71,8 +71,8 @@ def torchrun_job(elastra: Elastra, target: Target) -> Iterator[JobRun]:
         ):
             with contextlib.suppress(KubeError):
                 kube.kubectl(*args)
-        if host_dir is not None:
-            shutil.rmtree(host_dir, ignore_errors=True)
+        if volume is not None:
+            shutil.rmtree(volume.host, ignore_errors=True)
 
 
 def with_template_additions(job: dict[str, Any]) -> dict[str, Any]:
