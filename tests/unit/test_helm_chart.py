@@ -293,6 +293,13 @@ def test_deployment_runs_one_operator_with_probes_and_resources(default: list[Ma
     assert peering["metadata"]["name"] == RELEASE
 
 
+def test_the_operator_leaves_a_lost_node_after_30s_not_300(default: list[Manifest]) -> None:
+    pod = one(default, "Deployment")["spec"]["template"]["spec"]
+    lost = {t["key"]: t for t in pod["tolerations"] if t.get("effect") == "NoExecute"}
+    assert set(lost) == {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
+    assert {t["tolerationSeconds"] for t in lost.values()} == {30}
+
+
 def test_local_image_is_set_explicitly(helm: Path, tmp_path: Path) -> None:
     """The offline images (`make images`) are named by flags, as e2e/install.py does."""
     values = {"image": {"repository": "elastra.local/elastra-operator", "tag": "dev"}}
