@@ -27,10 +27,11 @@ demo: $(STAMP) toolchain ## Local cluster + real node, Helm install, cpu-tiny tr
 	$(BIN)/python -m e2e.demo $(DEMO_ARGS)
 
 .PHONY: test
-test: $(STAMP) toolchain ## Run every test: unit, worker, integration (real control plane), e2e (real pods)
+test: $(STAMP) toolchain ## Run every test: unit, worker, integration (real control plane), e2e (real pods), a kind node lost
 	@status=0; \
 	  $(BIN)/python -m pytest tests || { s=$$?; [ $$s -eq 5 ] && echo "make test: no tests collected" || status=$$s; }; \
 	  $(BIN)/python -m pytest e2e/suite || status=$$?; \
+	  PYTHON=$(BIN)/python e2e/kind.sh -k node_lost || status=$$?; \
 	  exit $$status
 
 .PHONY: e2e

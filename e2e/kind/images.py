@@ -42,15 +42,24 @@ def pod_nodes(env: Env, kind: str, name: str) -> list[str]:
                          node).stdout.strip()
         for node in nodes
     }  # fmt: skip
+    return nodes_for_pods(roles)
+
+
+def nodes_for_pods(roles: dict[str, str]) -> list[str]:
+    """Node -> kind role: the workers, or every node when there is none (one node untainted)."""
     workers = sorted(node for node, role in roles.items() if role == "worker")
-    return workers or sorted(nodes)
+    return workers or sorted(roles)
+
+
+def snapshotter_of(config_dump: str) -> str:
+    """The CRI's snapshotter in `containerd config dump` (containerd's default: overlayfs)."""
+    found = SNAPSHOTTER.search(config_dump)
+    return found.group(1) if found else "overlayfs"
 
 
 def snapshotter(env: Env, node: str) -> str:
     """The snapshotter the node's CRI unpacks with (what kubelet's containers start from)."""
-    dump = env.docker("exec", node, "containerd", "config", "dump").stdout
-    found = SNAPSHOTTER.search(dump)
-    return found.group(1) if found else "overlayfs"
+    return snapshotter_of(env.docker("exec", node, "containerd", "config", "dump").stdout)
 
 
 def load_into(env: Env, node: str, image: Image) -> None:
