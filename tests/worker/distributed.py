@@ -38,8 +38,6 @@ TINY = ModelConfig(
 """The model every parallelism test uses: GQA, an odd vocabulary, four layers."""
 
 
-
-
 def _rank_main(job: tuple[Callable[..., Any], tuple[Any, ...]], rank: int, world: int, port: int,
                out: Any) -> None:  # fmt: skip
     fn, args = job
@@ -90,7 +88,7 @@ def run_world(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 9
                     pytest.fail(f"a rank died without a report (exit codes {dead})")
                 continue
             if error is not None:
-                pytest.fail(f"rank {rank} failed:\n{error}")
+                pytest.fail(_failure_report(out, rank, error))
             results[rank] = value
     finally:
         for p in procs:
@@ -98,6 +96,23 @@ def run_world(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 9
             if p.is_alive():
                 p.kill()
     return [results[r] for r in range(world)]
+
+
+def _failure_report(out: Any, rank: int, error: str, wait_s: float = 10.0) -> str:
+    """The first failure and the other ranks' reports that follow within ``wait_s``.
+
+    Why: the first report is often a symptom (a peer closed its connection) of another rank's
+    failure; the root cause is in the others' tracebacks.
+    """
+    lines = [f"rank {rank} failed first:\n{error}"]
+    until = time.monotonic() + wait_s
+    while (left := until - time.monotonic()) > 0:
+        try:
+            other, other_error, _ = out.get(timeout=left)
+        except queue.Empty:
+            break
+        lines.append(f"rank {other}: " + (f"failed:\n{other_error}" if other_error else "ok"))
+    return "\n".join(lines)
 
 
 def _prefixed(prefix: str, message: str) -> str:
