@@ -122,7 +122,7 @@ def lost_node(rank_nodes: list[str], operator: str) -> str:
 
 
 def test_a_lost_node_shrinks_the_world_and_its_return_grows_it(
-    elastra: Elastra, node_job: tuple[JobRun, dict[str, str]]
+    elastra: Elastra, node_job: tuple[JobRun, dict[str, str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     job, containers = node_job
     kube = elastra.kube
@@ -151,10 +151,11 @@ def test_a_lost_node_shrinks_the_world_and_its_return_grows_it(
     grown = job.wait_world(3, after=shrunk, timeout=NODE_LOST_S)
     to_grown = time.monotonic() - returned
     job.wait_trained(grown, STEPS_PER_WORLD)
-    print(
-        f"node {victim} killed: a world of 2 trained {to_trained:.0f}s later; "
-        f"node back: a world of 3 formed {to_grown:.0f}s after docker start"
-    )
+    with capsys.disabled():  # the figures the README records, also in a captured run
+        print(
+            f"\nnode {victim} killed: a world of 2 trained {to_trained:.0f}s later; "
+            f"node back: a world of 3 formed {to_grown:.0f}s after docker start"
+        )
 
     records = job.step_log()
     check_contiguous(records)
