@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from e2e.install import EXAMPLE, Setup
 from e2e.kube import Kube, KubeError, wait_for
-from e2e.trainlog import StepRecord, parse_step_log
+from e2e.trainlog import StepRecord, check_data_order, parse_step_log
 
 STEP_LOG = "/checkpoints/steps.jsonl"
 POD_START_S = 420.0  # pods of the 5 GB worker image, torch import, rendezvous, on 2 busy cores
@@ -145,6 +145,17 @@ class JobRun:
             if out:
                 return parse_step_log(complete_lines(out))
         return []
+
+    def check_data_order(self, records: list[StepRecord], *, dataset_size: int) -> int:
+        """Every step's samples are a static run's, for the seed and global batch size in the
+        job's spec (trainlog.check_data_order); returns how many steps were checked."""
+        training = self.job()["spec"]["training"]
+        return check_data_order(
+            records,
+            seed=int(training["seed"]),
+            dataset_size=dataset_size,
+            global_batch_size=int(training["globalBatchSize"]),
+        )
 
     def snapshot_logs(self) -> dict[str, str]:
         """Fetch every worker pod's log now (kept by uid); returns all logs seen so far."""

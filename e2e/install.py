@@ -8,6 +8,7 @@ denied admission, and `helm uninstall` leaves no object of the release behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Iterable
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from e2e.kube import Kube, wait_for
+from e2e.kube import Kube, KubeError, wait_for
 from e2e.target import Volume
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,6 +106,18 @@ def checkpoint_storage(kube: Kube, setup: Setup) -> None:
         },
     }
     kube.apply([volume, claim])
+
+
+def remove_checkpoint_storage(kube: Kube, setup: Setup) -> None:
+    """Undo checkpoint_storage: the claim, its static volume and the folder (best effort)."""
+    for args in (
+        ("delete", "pvc", setup.claim, "-n", setup.job_namespace, "--ignore-not-found"),
+        ("delete", "pv", setup.volume_name, "--ignore-not-found"),
+    ):
+        with contextlib.suppress(KubeError):
+            kube.kubectl(*args)
+    if setup.volume is not None:
+        shutil.rmtree(setup.volume.host, ignore_errors=True)
 
 
 def fresh_folder(path: Path) -> None:

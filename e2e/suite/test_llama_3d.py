@@ -10,16 +10,15 @@ comes before the uninstall chapter (conftest.py orders it last).
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
 from e2e.elasticjob import Elastra, JobRun, example_job
-from e2e.install import REPO, checkpoint_storage
+from e2e.install import REPO, checkpoint_storage, remove_checkpoint_storage
 from e2e.kube import KubeError
 from e2e.target import Target
-from e2e.trainlog import check_contiguous, check_data_order, check_resumes, resumes, world_spans
+from e2e.trainlog import check_contiguous, check_resumes, resumes, world_spans
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -41,10 +40,7 @@ def job3d(elastra: Elastra, target: Target) -> Iterator[JobRun]:
     finally:
         with contextlib.suppress(KubeError, TimeoutError, OSError):
             job.delete(timeout=240)
-            kube.kubectl("delete", "pvc", storage.claim, "-n", storage.job_namespace)
-            kube.kubectl("delete", "pv", storage.volume_name, "--ignore-not-found")
-        if volume is not None:
-            shutil.rmtree(volume.host, ignore_errors=True)
+        remove_checkpoint_storage(kube, storage)
 
 
 def test_a_3d_plan_trains_and_a_resize_changes_the_plan(elastra: Elastra, job3d: JobRun) -> None:
@@ -62,14 +58,7 @@ def test_a_3d_plan_trains_and_a_resize_changes_the_plan(elastra: Elastra, job3d:
     records = job3d.step_log()
     check_contiguous(records)
     assert [s.size for s in world_spans(records)][:2] == [4, 8]
-    spec = elastra.kube.get("trainingjob", job3d.name, "-n", job3d.namespace)["spec"]
-    checked = check_data_order(
-        records,
-        seed=int(spec["training"]["seed"]),
-        dataset_size=DATASET_SIZE,
-        global_batch_size=int(spec["training"]["globalBatchSize"]),
-    )
-    assert checked == len(records)
+    assert job3d.check_data_order(records, dataset_size=DATASET_SIZE) == len(records)
     found = resumes(job3d.log_lines())
     assert found, "the second world restored a checkpoint"
     check_resumes(found)

@@ -18,7 +18,6 @@ the node's return to the grown world are printed (README, "Benchmarks").
 from __future__ import annotations
 
 import contextlib
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -27,10 +26,10 @@ from typing import Any
 
 import pytest
 from e2e.elasticjob import RUNNING_STEPS, Elastra, JobRun, example_job
-from e2e.install import checkpoint_storage
+from e2e.install import checkpoint_storage, remove_checkpoint_storage
 from e2e.kube import Kube, KubeError, wait_for
 from e2e.target import Target
-from e2e.trainlog import check_contiguous, check_data_order, check_resumes, resumes, world_spans
+from e2e.trainlog import check_contiguous, check_resumes, resumes, world_spans
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -94,10 +93,7 @@ def node_job(elastra: Elastra, target: Target) -> Iterator[tuple[JobRun, dict[st
                     docker("start", container)
         with contextlib.suppress(KubeError, TimeoutError, OSError):
             job.delete(timeout=240)
-            kube.kubectl("delete", "pvc", storage.claim, "-n", storage.job_namespace)
-            kube.kubectl("delete", "pv", storage.volume_name, "--ignore-not-found")
-        if volume is not None:
-            shutil.rmtree(volume.host, ignore_errors=True)
+        remove_checkpoint_storage(kube, storage)
 
 
 def node_ready(kube: Kube, node: str) -> bool:
@@ -162,14 +158,8 @@ def test_a_lost_node_shrinks_the_world_and_its_return_grows_it(
     spans = world_spans(records)  # a first, smaller world may come before: minReplicas is 1
     sizes = [s.size for s in spans if s.version >= first]
     assert sizes[:3] == [3, 2, 3], spans
-    spec = kube.get("trainingjob", NAME, "-n", job.namespace)["spec"]
-    checked = check_data_order(
-        records,
-        seed=int(spec["training"]["seed"]),
-        dataset_size=4096,  # train_tiny_gpt.py's default --dataset-size
-        global_batch_size=int(spec["training"]["globalBatchSize"]),
-    )
-    assert checked == len(records)
+    # 4096: train_tiny_gpt.py's default --dataset-size
+    assert job.check_data_order(records, dataset_size=4096) == len(records)
     found = resumes(job.log_lines())
     assert len(found) >= 2, found  # the world of 2 and the world of 3 each restored one
     check_resumes(found)

@@ -13,14 +13,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import shutil
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from e2e.elasticjob import Elastra, JobRun, example_job
-from e2e.install import REPO, checkpoint_storage
+from e2e.install import REPO, checkpoint_storage, remove_checkpoint_storage
 from e2e.kube import KubeError, wait_for
 from e2e.target import Target
 from e2e.trainlog import check_contiguous, world_spans
@@ -62,17 +61,14 @@ def torchrun_job(elastra: Elastra, target: Target) -> Iterator[JobRun]:
     finally:
         with contextlib.suppress(KubeError, TimeoutError, OSError):
             job.delete(timeout=240)
+        remove_checkpoint_storage(kube, storage)
         for args in (
-            ("delete", "pvc", storage.claim, "-n", namespace, "--ignore-not-found"),
-            ("delete", "pv", storage.volume_name, "--ignore-not-found"),
             ("delete", "configmap", "torchrun-ddp-script", "-n", namespace, "--ignore-not-found"),
             ("delete", "secret", "torchrun-ddp-token", "-n", namespace, "--ignore-not-found"),
             ("delete", "priorityclass", PRIORITY_CLASS, "--ignore-not-found"),
         ):
             with contextlib.suppress(KubeError):
                 kube.kubectl(*args)
-        if volume is not None:
-            shutil.rmtree(volume.host, ignore_errors=True)
 
 
 def with_template_additions(job: dict[str, Any]) -> dict[str, Any]:
