@@ -31,7 +31,7 @@ test: $(STAMP) toolchain ## Run every test: unit, worker, integration (real cont
 	@status=0; \
 	  $(BIN)/python -m pytest tests || { s=$$?; [ $$s -eq 5 ] && echo "make test: no tests collected" || status=$$s; }; \
 	  $(BIN)/python -m pytest e2e/suite || status=$$?; \
-	  PYTHON=$(BIN)/python e2e/kind.sh -k node_lost || status=$$?; \
+	  PYTHON=$(BIN)/python e2e/kind.sh -k test_a_lost_node_shrinks || status=$$?; \
 	  exit $$status
 
 .PHONY: e2e

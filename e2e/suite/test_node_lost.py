@@ -12,7 +12,8 @@ so the test runs there (`make e2e-kind`) and is skipped with a reason elsewhere.
 Each worker asks for more than half a node's CPU, so one worker fits per node: with three
 worker nodes the job runs three, with one lost it can only run two, and it can grow back to
 three only on the node that returns. The times from the kill to the next trained step and from
-the node's return to the grown world are printed (README, "Benchmarks").
+the node's return to the grown world are printed (README, "Reliability"). The second test kills
+the node that also holds the operator pod.
 """
 
 from __future__ import annotations
@@ -110,49 +111,52 @@ def operator_node(elastra: Elastra) -> str:
 
 def lost_node(rank_nodes: list[str], operator: str) -> str:
     """The node of the highest rank that is neither rank 0's (its pod log holds the resumes
-    the checks read) nor the operator's (losing the operator too is another story: its
-    Deployment replaces it only once the node controller evicts it)."""
+    the checks read) nor the operator's (the next test loses that one)."""
     candidates = [n for n in rank_nodes[1:] if n != operator]
     assert candidates, f"ranks on {rank_nodes}, operator on {operator}"
     return candidates[-1]
 
 
-def test_a_lost_node_shrinks_the_world_and_its_return_grows_it(
-    elastra: Elastra, node_job: tuple[JobRun, dict[str, str]], capsys: pytest.CaptureFixture[str]
-) -> None:
-    job, containers = node_job
-    kube = elastra.kube
+def running_three(job: JobRun) -> tuple[int, list[str]]:
+    """A world of three that trained and committed a checkpoint: its version, rank nodes."""
     first = job.wait_world(3, after=0)
     job.wait_trained(first, STEPS_PER_WORLD)
     ranks = job.status()["world"]["ranks"]
     pods = {p["metadata"]["name"]: p for p in job.pods()}
     nodes = [pods[name]["spec"]["nodeName"] for name in ranks]
     assert len(set(nodes)) == 3, f"one worker per node: {nodes}"
-    victim = lost_node(nodes, operator_node(elastra))
     # A periodic checkpoint first (checkpoint.intervalSeconds): a killed node gives no chance
     # to save, so the world of two resumes from this one and redoes the steps after it.
     job.wait_for_log("rank 0 committed step", after=0, timeout=CHECKPOINT_S)
+    return first, nodes
 
+
+def kill_and_return(
+    job: JobRun, kube: Kube, container: str, node: str, first: int
+) -> tuple[float, float]:
+    """Kill the node, wait for a world of two that trains, start the node again, wait for a
+    world of three; the seconds from the kill and from the start."""
+    job.snapshot_logs()
     killed = time.monotonic()
-    docker("kill", containers[victim])
+    docker("kill", container)
     shrunk = job.wait_world(2, after=first, timeout=NODE_LOST_S)
     job.wait_trained(shrunk, 1, timeout=NODE_LOST_S)
     to_trained = time.monotonic() - killed
     job.snapshot_logs()
 
     returned = time.monotonic()
-    docker("start", containers[victim])
-    wait_for(f"node {victim} Ready again", lambda: node_ready(kube, victim), timeout=300,
+    docker("start", container)
+    wait_for(f"node {node} Ready again", lambda: node_ready(kube, node), timeout=300,
              interval=2)  # fmt: skip
     grown = job.wait_world(3, after=shrunk, timeout=NODE_LOST_S)
     to_grown = time.monotonic() - returned
     job.wait_trained(grown, STEPS_PER_WORLD)
-    with capsys.disabled():  # the figures the README records, also in a captured run
-        print(
-            f"\nnode {victim} killed: a world of 2 trained {to_trained:.0f}s later; "
-            f"node back: a world of 3 formed {to_grown:.0f}s after docker start"
-        )
+    return to_trained, to_grown
 
+
+def check_nothing_lost(job: JobRun, first: int) -> None:
+    """Steps 0..N once each in a static run's order, worlds 3 -> 2 -> 3 from ``first``, and
+    every new world restored the newest committed checkpoint."""
     records = job.step_log()
     check_contiguous(records)
     spans = world_spans(records)  # a first, smaller world may come before: minReplicas is 1
@@ -163,3 +167,37 @@ def test_a_lost_node_shrinks_the_world_and_its_return_grows_it(
     found = resumes(job.log_lines())
     assert len(found) >= 2, found  # the world of 2 and the world of 3 each restored one
     check_resumes(found)
+
+
+def test_a_lost_node_shrinks_the_world_and_its_return_grows_it(
+    elastra: Elastra, node_job: tuple[JobRun, dict[str, str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    job, containers = node_job
+    first, nodes = running_three(job)
+    victim = lost_node(nodes, operator_node(elastra))
+    to_trained, to_grown = kill_and_return(job, elastra.kube, containers[victim], victim, first)
+    with capsys.disabled():  # the figures the README records, also in a captured run
+        print(
+            f"\nnode {victim} killed: a world of 2 trained {to_trained:.0f}s later; "
+            f"node back: a world of 3 formed {to_grown:.0f}s after docker start"
+        )
+    check_nothing_lost(job, first)
+
+
+def test_the_operators_node_killed_too_a_new_operator_reforms_the_world(
+    elastra: Elastra, node_job: tuple[JobRun, dict[str, str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The node holds a worker and the operator: the chart's 30 s toleration of a lost node
+    lets the node controller evict the operator pod, its Deployment starts another on a node
+    left, and that operator, once it holds the Lease, forms the world of two."""
+    job, containers = node_job
+    first, nodes = running_three(job)
+    victim = operator_node(elastra)
+    assert victim in nodes, f"the operator's node {victim} holds no worker: {nodes}"
+    to_trained, to_grown = kill_and_return(job, elastra.kube, containers[victim], victim, first)
+    with capsys.disabled():
+        print(
+            f"\noperator's node {victim} killed: a world of 2 trained {to_trained:.0f}s later; "
+            f"node back: a world of 3 formed {to_grown:.0f}s after docker start"
+        )
+    check_nothing_lost(job, first)
