@@ -73,13 +73,12 @@ class _Writer:
         )
 
     def _leader_address(self) -> str:
-        """Rank 0's pod IP, or its stable DNS name until it has one."""
+        """Rank 0's stable DNS name (the job's headless Service publishes it before the pod
+        is Ready). Never its IP: a world formed as its pods are created has none to give, and
+        an address that changed within a world would cost every member a second write."""
         job, status = self.job, self.status
         leader = next((p.pod for p in status.placement if p.rank == 0), status.world.ranks[0])
-        fact = self.facts.get(leader)
-        return (fact.ip if fact else None) or (
-            f"{leader}.{job.metadata.name}.{job.metadata.namespace}.svc"
-        )
+        return f"{leader}.{job.metadata.name}.{job.metadata.namespace}.svc"
 
 
 def children(
@@ -133,26 +132,23 @@ def _patches(
 
 def _creates(writer: _Writer, placement: Placement, *, count: int) -> tuple[dict[str, Any], ...]:
     """The first ``count`` placed pods, each in the lowest slot no pod of the job holds."""
-    slots = _free_slots(writer.facts)
     job = writer.job
-    created = []
-    for new in placement.pods[:count]:
-        slot = next(slots)
-        created.append(
-            worker_pod(
-                job,
-                slot=slot,
-                node=new.node,
-                gpu_type=new.gpu_type,
-                assignment=writer.assignment(pod_name(job.metadata.name, slot), retiring=False),
-                version=writer.status.world.version,
-                settings=writer.settings,
-            )
+    return tuple(
+        worker_pod(
+            job,
+            slot=slot,
+            node=new.node,
+            gpu_type=new.gpu_type,
+            assignment=writer.assignment(pod_name(job.metadata.name, slot), retiring=False),
+            version=writer.status.world.version,
+            settings=writer.settings,
         )
-    return tuple(created)
+        for slot, new in zip(free_slots(writer.facts), placement.pods[:count], strict=False)
+    )
 
 
-def _free_slots(facts: Mapping[str, PodFacts]) -> Iterator[int]:
+def free_slots(facts: Mapping[str, PodFacts]) -> Iterator[int]:
+    """The slots no pod of the job holds, lowest first: where new pods go, in order."""
     used = {f.view.slot for f in facts.values()}
     return (s for s in range(MAX_SLOTS) if s not in used)
 

@@ -5,10 +5,12 @@ resize policy and the planner, and returns a ``PassPlan``: the status to record,
 to emit, and the pod creates, patches and deletes that make the children match the recorded
 world. The reconciler applies it; tests read it like a transcript.
 
-Order of effects (level-triggered): a new world is recorded in status first (with a
-resourceVersion precondition, so two operators cannot both bump the version), and only then
-are assignments written to the pods. A pass interrupted between the two is repaired by the
-next, which derives the same assignments from the recorded world.
+Order of effects (level-triggered): a new world is recorded in status (with a resourceVersion
+precondition, so two operators cannot both bump the version) before any pod acts on it:
+assignments are patched and gates removed only after the status write. A first world's new
+pods are created just before it, gated, carrying their ranks (two writes per pod: the create
+and the gate's removal). A pass interrupted anywhere is repaired by the next, which derives
+the same assignments from the recorded world (or forms the world of the gated pods it finds).
 
 The steps of a pass, top to bottom: the job's pods reduced to facts; a job that ended stays
 ended, and one past its deadline with no pods fails. Otherwise (``_running``) a permanent
@@ -40,9 +42,9 @@ from elastra.api import (
 from elastra.controller import admission, lifetime, sharing
 from elastra.controller.admission import Gate, Hold
 from elastra.controller.capacity import cluster_inventory
-from elastra.controller.children import children
+from elastra.controller.children import children, free_slots
 from elastra.controller.conditions import ConditionReason, is_true, merge_conditions, phase_of
-from elastra.controller.manifests import selector, worker_pod
+from elastra.controller.manifests import pod_name, selector, worker_pod
 from elastra.controller.observe import (
     PodFacts,
     WorkerProgress,
@@ -68,7 +70,7 @@ from elastra.elastic.resize import (
     ResizeInput,
     decide,
 )
-from elastra.elastic.workers import PodName, WorkerState
+from elastra.elastic.workers import NodeName, PodName, WorkerState, WorkerView
 from elastra.errors import UserError
 
 JsonDict = Mapping[str, Any]
@@ -283,7 +285,7 @@ def _act(
                 f"{job.spec.failure_policy.max_restarts}; last: {decision.message}"
             ),
         )
-    step = _record_world(ctx, decision)
+    step = _record_world(ctx, decision, placement)
     status = _report(ctx, step, decision, placement, impossible)
     pods = children(
         job,
@@ -333,16 +335,17 @@ class _WorldStep:
         return bool(self.events)
 
 
-def _record_world(ctx: _Pass, decision: ResizeDecision) -> _WorldStep:
+def _record_world(ctx: _Pass, decision: ResizeDecision, placement: Placement) -> _WorldStep:
     """The world the decision asks for, planned and recorded with its resize, if it changes."""
     status = ctx.job.status
     if decision.world is None:
         return _WorldStep(status)
     failed = decision.reason in FAILURE_REASONS
     pods: tuple[str, ...] = decision.world
+    members = {**{p: ctx.facts[p] for p in pods}, **_joining(ctx, decision, placement)}
     problem = None
     try:
-        formed = _form(ctx.planner, [ctx.facts[p] for p in pods])
+        formed = _form(ctx.planner, list(members.values()))
     except UserError as err:
         problem = str(err)
         # A broken world cannot go on: stop it and wait for a set of pods that can
@@ -350,7 +353,7 @@ def _record_world(ctx: _Pass, decision: ResizeDecision) -> _WorldStep:
         formed, pods = None, () if failed else tuple(status.world.ranks)
     if formed is None and pods == tuple(status.world.ranks):
         return _WorldStep(status, problem=problem)
-    recorded = _with_world(ctx, formed, decision.reason, failed=failed)
+    recorded = _with_world(ctx, formed, decision.reason, members, failed=failed)
     warn = failed or decision.degraded or problem is not None
     event = EventSpec(
         EventType.WARNING if warn else EventType.NORMAL,
@@ -360,13 +363,49 @@ def _record_world(ctx: _Pass, decision: ResizeDecision) -> _WorldStep:
     return _WorldStep(recorded, problem=problem, events=(event,))
 
 
+def _joining(ctx: _Pass, decision: ResizeDecision, placement: Placement) -> dict[str, PodFacts]:
+    """The pods this pass creates as members of a first world, as the facts they will have:
+    gated, on their planned nodes, in the slots ``children`` gives them."""
+    if not decision.joins:
+        return {}
+    name = ctx.job.metadata.name
+    joining: dict[str, PodFacts] = {}
+    for slot, new in zip(free_slots(ctx.facts), placement.pods[: decision.create], strict=False):
+        pod = PodName(pod_name(name, slot))
+        view = WorkerView(
+            pod=pod,
+            slot=slot,
+            state=WorkerState.GATED,
+            since=ctx.now,
+            node=NodeName(new.node),
+            gpu_type=new.gpu_type,
+        )
+        joining[pod] = PodFacts(
+            view=view,
+            raw={},
+            assignment="",
+            assignment_version=0,
+            ip=None,
+            bound=False,
+            node_gone=False,
+            gated=True,
+            exit_code=None,
+        )
+    return joining
+
+
 def _form(planner: JobPlanner, members: list[PodFacts]) -> WorldPlan | None:
     """How ``members`` train (``None``: no members, no world)."""
     return planner.plan_world(members) if members else None
 
 
 def _with_world(
-    ctx: _Pass, formed: WorldPlan | None, reason: Reason, *, failed: bool
+    ctx: _Pass,
+    formed: WorldPlan | None,
+    reason: Reason,
+    members: Mapping[str, PodFacts],
+    *,
+    failed: bool,
 ) -> TrainingJobStatus:
     """The job's status with ``formed`` as its next world (none: ``None``), and the resize."""
     status = ctx.job.status
@@ -389,7 +428,7 @@ def _with_world(
         update={
             "world": world,
             "plan": formed.status if formed else status.plan,
-            "placement": _rank_placement(formed, ctx.facts),
+            "placement": _rank_placement(formed, members),
             "restarts": status.restarts + (1 if failed else 0),
             "resizes": [*status.resizes, record][-MAX_RESIZE_HISTORY:],
             "last_resize_time": format_time(ctx.now),

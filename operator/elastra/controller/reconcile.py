@@ -3,9 +3,12 @@
 The only module of the controller that sequences API calls for a job. It takes the job, its
 pods, the nodes and the cluster's pods from the shared ``ClusterSnapshot`` (watch-fed caches:
 a pass makes no read request, except a queued job's Kueue Workload), hands them to
-``plan_pass`` and applies the result in the order the protocol needs: status first (with a
-resourceVersion precondition, and only when it changed), then deletes, pod patches, creates
-and ungates, then events. A steady job's pass therefore makes no request at all.
+``plan_pass`` and applies the result in the order the protocol needs: new pods first (gated:
+they carry the assignments of the world about to be recorded, and run nothing until their gate
+comes off), then the status (with a resourceVersion precondition, and only when it changed),
+then deletes, pod patches and ungates, then events. A steady job's pass therefore makes no
+request at all. A pass stopped after its creates leaves only gated pods: the next pass forms
+its world of them (or tells them otherwise) before it ungates them.
 
 A 409 on the status write means another writer got there first, or the cache was behind:
 the pass stops and the next one reads again. Nothing here swallows other errors; the caller
@@ -144,6 +147,11 @@ async def _apply(
     meta = raw["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     try:
+        if plan.creates:
+            await resources.ensure_service(kube, namespace, service)
+            policy = network_policy(service, settings)
+            await resources.ensure_network_policy(kube, namespace, policy)
+            await _create_pods(kube, snapshot, namespace, plan.creates, settings)
         await _write_status(kube, snapshot, raw, plan)
         if plan.workload_delete:
             await workloads.delete_workload(kube, namespace, plan.workload_delete)
@@ -151,11 +159,6 @@ async def _apply(
             await workloads.create_workload(kube, namespace, plan.workload_create)
         await _delete_pods(kube, namespace, plan, settings)
         await _patch_pods(kube, snapshot, namespace, plan.patches, settings)
-        if plan.creates:
-            await resources.ensure_service(kube, namespace, service)
-            policy = network_policy(service, settings)
-            await resources.ensure_network_policy(kube, namespace, policy)
-            await _create_pods(kube, snapshot, namespace, plan.creates, settings)
         ungate = tuple((p, {"spec": {"schedulingGates": None}}) for p in plan.ungate)
         await _patch_pods(kube, snapshot, namespace, ungate, settings)
     finally:

@@ -6,8 +6,12 @@ on every pass and applies what it returns; because it re-derives everything from
 state, a pass repeated after a crash decides the same thing.
 
 The shape of the protocol it drives (docs/architecture.md, "Assignment protocol"):
-- Pods are created as *standby* (in no world) and only pods that are Ready join a world, so a
-  world never waits on an image pull and a half-placed world never holds a collective.
+- A job's first world is formed as its pods are created: each pod is created (gated) already
+  carrying its rank, so forming it costs two writes per pod (the create and the gate's
+  removal). The gang gate keeps a half-created world from holding GPUs, and a member the
+  scheduler cannot place within the grace period is deleted, which forms a new world without it.
+- Once a world runs, new pods are created as *standby* (in no world) and join only when
+  Ready, so a running world never stops to wait on an image pull.
 - A world is a set of pods and a version; forming a new one is the only way membership
   changes, and the version only grows.
 - Broken workers (failed, lost, terminating) are dropped at once, after a short settle window
@@ -127,6 +131,9 @@ class ResizeDecision:
     reason: Reason
     message: str
     create: int = 0
+    joins: bool = False
+    """The ``create`` new pods are members too, after ``world`` (a first world, formed as its
+    pods are created)."""
     delete: frozenset[PodName] = field(default_factory=frozenset)
     retire: frozenset[PodName] = field(default_factory=frozenset)
     degraded: bool = False
@@ -205,23 +212,24 @@ def _decide(inp: ResizeInput, policy: ResizePolicy) -> ResizeDecision:
 def _steady_or_resize(
     inp: ResizeInput, policy: ResizePolicy, workers: list[WorkerView]
 ) -> ResizeDecision:
-    """No member is broken: shrink to the desired size, grow toward it, or keep."""
+    """No member is broken: form a first world, shrink to the desired size, grow toward it,
+    or keep."""
     world = set(inp.world)
     stuck = _stuck_pending(workers, inp.now, policy)
-    healthy = sorted((w for w in workers if w.healthy), key=lambda w: w.slot)
-    in_world = [w for w in healthy if w.pod in world]
-    standby = [w for w in healthy if w.pod not in world]
-    waiting = [
-        w
-        for w in workers
-        if w.state in (WorkerState.GATED, WorkerState.PENDING) and w.pod not in stuck
-    ]
+    ordered = sorted((w for w in workers if w.pod not in stuck), key=lambda w: w.slot)
+    in_world = [w for w in ordered if w.pod in world]
+    spare = [w for w in ordered if w.pod not in world and w.healthy]
+    waiting = [w for w in ordered if w.pod not in world and w.state.waiting]
     broken_outside = frozenset(
         w.pod
         for w in workers
         if w.pod not in world and (w.broken or w.state is WorkerState.SUCCEEDED)
     )
-    recheck = [policy.pending_grace - (inp.now - w.since) for w in waiting if w.unschedulable]
+    recheck = [
+        policy.pending_grace - (inp.now - w.since)
+        for w in ordered
+        if w.state.waiting and w.unschedulable
+    ]
 
     if len(in_world) > inp.desired:
         return ResizeDecision(
@@ -229,21 +237,28 @@ def _steady_or_resize(
             reason=Reason.SCALED_DOWN,
             message=f"scaled down from {len(in_world)} to {inp.desired} workers",
             retire=frozenset(w.pod for w in in_world[inp.desired :]),
-            delete=frozenset(w.pod for w in standby) | stuck | broken_outside,
+            delete=frozenset(w.pod for w in spare) | stuck | broken_outside,
         )
 
     room = max(0, inp.desired - len(in_world))
-    surplus = frozenset(w.pod for w in standby[room:])
-    standby = standby[:room]
+    surplus = frozenset(w.pod for w in spare[room:])
+    standby = spare[:room]
     live = len(in_world) + len(standby) + len(waiting)
     create = max(0, min(inp.desired - live, inp.placeable))
     delete = stuck | surplus | broken_outside
 
-    if not in_world:
+    if not inp.world:
         return _form_initial(
-            inp, standby=standby, waiting=waiting, create=create, delete=delete, recheck=recheck
+            inp, joining=standby + waiting, create=create, delete=delete, recheck=recheck
         )
-    spare = [w for w in healthy if w.pod not in world]
+    starting = [w for w in in_world if not w.healthy]
+    if starting:
+        return _keep(
+            f"world forming: {len(in_world) - len(starting)} of {len(in_world)} workers running",
+            create=create,
+            delete=delete,
+            recheck=recheck,
+        )
     moved = _move(inp, policy, in_world=in_world, standby=spare, waiting=waiting)
     if moved is not None:
         return replace(moved, delete=moved.delete | stuck | broken_outside)
@@ -363,7 +378,10 @@ def _reform_without_broken(
     reason = Reason.WORKER_LOST if lost or gone else Reason.WORKER_FAILED
     names = sorted([w.pod for w in broken] + gone)
     ordered = sorted(workers, key=lambda w: w.slot)
-    survivors = [w.pod for w in ordered if w.pod in set(inp.world) and w.healthy]
+    # Members still starting stay: a first world loses only the pods that broke.
+    survivors = [
+        w.pod for w in ordered if w.pod in set(inp.world) and (w.healthy or w.state.waiting)
+    ]
     standby = [w.pod for w in ordered if w.pod not in set(inp.world) and w.healthy]
     dead = frozenset(w.pod for w in broken if w.state is not WorkerState.TERMINATING)
     if len(survivors) + len(standby) < inp.minimum:
@@ -389,23 +407,17 @@ def _reform_without_broken(
 def _form_initial(
     inp: ResizeInput,
     *,
-    standby: list[WorkerView],
-    waiting: list[WorkerView],
+    joining: list[WorkerView],
     create: int,
     delete: frozenset[PodName],
     recheck: list[timedelta],
 ) -> ResizeDecision:
-    """No world runs: form one once every pod that can start has started."""
-    ready = len(standby)
-    if ready >= inp.minimum and not waiting and create == 0:
-        pods = tuple(w.pod for w in standby[: inp.desired])
-        return ResizeDecision(
-            world=pods,
-            reason=Reason.INITIAL,
-            message=f"formed a world of {len(pods)} workers",
-            delete=delete,
-        )
-    possible = ready + len(waiting) + create
+    """No world runs: form one at once of the pods the job has and those created now.
+
+    Each created pod carries its rank from the start, so the world costs no write beyond the
+    create and the gate's removal; it trains once its last member has started.
+    """
+    possible = len(joining) + create
     if possible < inp.minimum:
         return ResizeDecision(
             world=None,
@@ -419,7 +431,17 @@ def _form_initial(
             degraded=True,
             recheck_after=min(recheck, default=None),
         )
-    return _keep(f"{ready} of {possible} workers ready", create, delete, recheck)
+    pods = tuple(w.pod for w in joining[: inp.desired])
+    create = min(create, inp.desired - len(pods))
+    return ResizeDecision(
+        world=pods,
+        reason=Reason.INITIAL,
+        message=f"formed a world of {len(pods) + create} workers",
+        create=create,
+        joins=create > 0,
+        delete=delete | frozenset(w.pod for w in joining[inp.desired :]),
+        recheck_after=min(recheck, default=None),
+    )
 
 
 def _keep(

@@ -42,6 +42,11 @@ class WorkerState(StrEnum):
         return self in (WorkerState.READY, WorkerState.PENDING)
 
     @property
+    def waiting(self) -> bool:
+        """Created and not yet running: gated, or being scheduled or started."""
+        return self in (WorkerState.GATED, WorkerState.PENDING)
+
+    @property
     def alive(self) -> bool:
         """Runs or is on its way to: a failed job stops these; unless retiring, they are the
         pods a job keeps (placement counts them, a move may use them)."""

@@ -75,6 +75,29 @@ def test_first_pass_creates_gated_pods_on_planned_nodes() -> None:
     )
 
 
+def test_a_first_world_costs_each_pod_a_create_and_an_ungate_only() -> None:
+    cluster = FakeCluster(job(), h100s(4), SETTINGS)
+    first = cluster.step()
+    world = cluster.job.status.world
+    assert world.version == 1 and world.ranks == ["gpt-w0", "gpt-w1", "gpt-w2", "gpt-w3"]
+    assert [e.reason for e in first.events if e.reason == "WorldFormed"] == ["WorldFormed"]
+    created = {
+        p["metadata"]["name"]: json.loads(p["metadata"]["annotations"][ANNOTATION_ASSIGNMENT])
+        for p in first.creates
+    }
+    assert sorted(a["rank"] for a in created.values()) == [0, 8, 16, 24]
+    assert {a["masterAddr"] for a in created.values()} == {"gpt-w0.gpt.default.svc"}, (
+        "rank 0's DNS name: no pod has an IP yet, and none is written later"
+    )
+    writes = []
+    for _ in range(5):
+        cluster.schedule_and_run()
+        plan = cluster.step()
+        writes += [*plan.creates, *plan.patches, *plan.deletes, *plan.ungate]
+    assert writes == [], "no pod is written again once its world is recorded"
+    assert cluster.job.status.phase == "Running" and cluster.job.status.world.version == 1
+
+
 def test_world_forms_when_all_ready_and_assignments_follow() -> None:
     cluster = FakeCluster(job(), h100s(4), SETTINGS)
     cluster.converge()

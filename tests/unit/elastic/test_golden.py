@@ -69,14 +69,16 @@ def transcript(seed: int, steps: int = 60) -> str:
             workers.pop(name, None)
         for name in decision.retire:
             workers[name] = replace(workers[name], retiring_since=now)
+        created = []
         for _ in range(decision.create):
             name = PodName(f"w{next_slot}")
             workers[name] = WorkerView(
                 pod=name, slot=next_slot, state=WorkerState.PENDING, since=now
             )
+            created.append(name)
             next_slot += 1
         if decision.world is not None:
-            world = decision.world
+            world = decision.world + (tuple(created) if decision.joins else ())
             last_resize = now
         lines.append(
             f"{step:02d} {note:<12} -> {decision.reason.value:<20} "

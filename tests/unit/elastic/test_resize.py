@@ -81,10 +81,10 @@ def run(
     )
 
 
-def test_fresh_job_creates_what_fits() -> None:
+def test_fresh_job_forms_its_first_world_of_the_pods_it_creates() -> None:
     d = run([], desired=8, minimum=2, placeable=4)
-    assert d.world is None and d.create == 4
-    assert d.reason is Reason.STEADY and not d.degraded
+    assert d.world == () and d.create == 4 and d.joins
+    assert d.reason is Reason.INITIAL and not d.degraded
 
 
 def test_fresh_job_below_minimum_waits_degraded() -> None:
@@ -94,12 +94,30 @@ def test_fresh_job_below_minimum_waits_degraded() -> None:
     assert "minReplicas" in d.message
 
 
-def test_world_forms_once_every_started_pod_is_ready() -> None:
-    pending = run([worker(0), worker(1), worker(2, WorkerState.PENDING)], desired=3, placeable=0)
-    assert pending.world is None
-    formed = run([worker(0), worker(1), worker(2)], desired=3)
-    assert formed.world == world(0, 1, 2)
+def test_a_first_world_takes_starting_pods_and_waits_for_them_to_run() -> None:
+    starting = [worker(0), worker(1, WorkerState.GATED), worker(2, WorkerState.PENDING)]
+    formed = run(starting, desired=3, placeable=0)
+    assert formed.world == world(0, 1, 2) and not formed.joins
     assert formed.reason is Reason.INITIAL
+    forming = run(starting, desired=3, current=world(0, 1, 2), placeable=3)
+    assert forming.world is None and forming.create == 0
+    assert "1 of 3 workers running" in forming.message
+
+
+def test_a_starting_world_that_loses_a_member_keeps_the_members_still_starting() -> None:
+    starting = [worker(0, WorkerState.PENDING), worker(1, WorkerState.LOST), worker(2)]
+    d = run(starting, desired=3, current=world(0, 1, 2), now=T0 + timedelta(minutes=5))
+    assert d.world == world(0, 2) and d.reason is Reason.WORKER_LOST
+    assert d.delete == {pod(1)}
+
+
+def test_running_world_takes_only_ready_pods() -> None:
+    d = run(
+        [worker(0), worker(1), worker(2, WorkerState.PENDING)],
+        desired=3,
+        current=world(0, 1),
+    )
+    assert d.world is None and d.reason is Reason.STEADY
 
 
 def test_runs_at_four_of_eight_then_grows_when_pods_ready() -> None:
@@ -288,13 +306,19 @@ def test_properties(inp: ResizeInput) -> None:
     d = decide(inp, POLICY)
     by_pod = {w.pod: w for w in inp.workers}
     if d.world is not None:
-        assert len(d.world) <= inp.desired, "never above the desired size"
+        size = len(d.world) + (d.create if d.joins else 0)
+        assert size <= inp.desired, "never above the desired size"
         assert len(set(d.world)) == len(d.world), "no pod twice"
-        if d.world:
-            assert len(d.world) >= inp.minimum, "never a world below minReplicas"
+        if size:
+            assert size >= inp.minimum, "never a world below minReplicas"
         for name in d.world:
-            assert by_pod[name].healthy, "only Ready pods join a world"
+            starting = by_pod[name].state.waiting
+            first = d.reason is Reason.INITIAL or name in inp.world
+            assert by_pod[name].healthy or (starting and first), (
+                "a running world takes only Ready pods; a first one takes starting pods too"
+            )
             assert name not in d.delete and name not in d.retire
+    assert not d.joins or d.reason is Reason.INITIAL, "created pods join only a first world"
     assert d.create <= inp.placeable, "never create more than fits"
     if d.create:
         keeps = [
