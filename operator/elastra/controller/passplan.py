@@ -30,6 +30,7 @@ from enum import StrEnum
 from typing import Any
 
 from elastra.api import (
+    Condition,
     ConditionType,
     Phase,
     ProgressStatus,
@@ -666,11 +667,22 @@ def _remaining_seconds(job: TrainingJob) -> float | None:
 
 WARN_WHEN_TRUE = frozenset({ConditionType.DEGRADED, ConditionType.FAILED})
 WARN_WHEN_FALSE = frozenset({ConditionType.ADMITTED})
+PROGRESS = frozenset({ConditionType.ADMITTED, ConditionType.PLACED, ConditionType.RUNNING})
+"""Conditions whose turning True on the way to a running world is no news: the conditions
+show it, and the world's own Event says that it formed (an Event is a request per job)."""
+
+
+def _warns(condition: Condition) -> bool:
+    true = condition.status == "True"
+    return (condition.type in WARN_WHEN_TRUE and true) or (
+        condition.type in WARN_WHEN_FALSE and not true
+    )
 
 
 def _transition_events(before: TrainingJobStatus, after: TrainingJobStatus) -> list[EventSpec]:
     """An Event for each condition that flipped, and for a warning condition that stays true
-    for a new reason (world changes have their own Event)."""
+    for a new reason (world changes have their own Event). Progress toward a running world
+    (``PROGRESS``) makes an Event only when it clears a warning."""
     old = {c.type: c for c in before.conditions}
     events = []
     for cond in after.conditions:
@@ -685,8 +697,11 @@ def _transition_events(before: TrainingJobStatus, after: TrainingJobStatus) -> l
         )
         if (previous == cond.status and not new_reason) or cond.type is ConditionType.RESIZING:
             continue
-        warn = (cond.type in WARN_WHEN_TRUE and true) or (cond.type in WARN_WHEN_FALSE and not true)
+        warn = _warns(cond)
         if previous is None and not true and not warn:
+            continue
+        cleared = prior is not None and _warns(prior)
+        if cond.type in PROGRESS and not warn and not cleared:
             continue
         events.append(
             EventSpec(

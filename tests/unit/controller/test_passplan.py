@@ -80,7 +80,6 @@ def test_a_first_world_costs_each_pod_a_create_and_an_ungate_only() -> None:
     first = cluster.step()
     world = cluster.job.status.world
     assert world.version == 1 and world.ranks == ["gpt-w0", "gpt-w1", "gpt-w2", "gpt-w3"]
-    assert [e.reason for e in first.events if e.reason == "WorldFormed"] == ["WorldFormed"]
     created = {
         p["metadata"]["name"]: json.loads(p["metadata"]["annotations"][ANNOTATION_ASSIGNMENT])
         for p in first.creates
@@ -89,12 +88,16 @@ def test_a_first_world_costs_each_pod_a_create_and_an_ungate_only() -> None:
     assert {a["masterAddr"] for a in created.values()} == {"gpt-w0.gpt.default.svc"}, (
         "rank 0's DNS name: no pod has an IP yet, and none is written later"
     )
-    writes = []
+    writes, events = [], list(first.events)
     for _ in range(5):
         cluster.schedule_and_run()
         plan = cluster.step()
         writes += [*plan.creates, *plan.patches, *plan.deletes, *plan.ungate]
+        events += plan.events
     assert writes == [], "no pod is written again once its world is recorded"
+    assert [e.reason for e in events] == ["WorldFormed"], (
+        "one Event: Admitted, Placed and Running turning True are in the conditions"
+    )
     assert cluster.job.status.phase == "Running" and cluster.job.status.world.version == 1
 
 
@@ -414,3 +417,13 @@ def test_suspend_resets_the_start_time_so_the_deadline_counts_afresh() -> None:
     status = cluster.job.status
     assert status.phase == "Running" and status.world.replicas == 4
     assert status.start_time is not None and status.start_time != first
+
+
+def test_progress_makes_an_event_only_when_it_clears_a_warning() -> None:
+    h100_only = {"gpus": 8, "gpuTypes": ["H100"], "image": "elastra-worker:dev"}
+    cluster = FakeCluster(job(worker=h100_only), [node("a100-0", product="A100")], SETTINGS)
+    refused = cluster.step()
+    assert ("Warning", "Unplaceable") in [(e.type, e.reason) for e in refused.events]
+    cluster.nodes += h100s(4)
+    admitted = cluster.step()
+    assert ("Normal", "Planned") in [(e.type, e.reason) for e in admitted.events]
