@@ -215,7 +215,7 @@ def _bring_up(ctx: Ctx, fleet: str | None, images: tuple[str, ...] = ()) -> None
     install_crds(layout, state)
     # The real node before the fleet: _apply_fleet saves state.json from a fresh load.
     if state.real_node:
-        with _step("real node (containerd, images, kubelet, kube-proxy)"):
+        with _step("real node (containerd, images, kubelet, kube-proxy, CoreDNS)"):
             real_node_mod.start(layout, state, ctx.bindir, images=list(images))
     if fleet:
         _apply_fleet(fleet, layout, replace=False, timeout=300)

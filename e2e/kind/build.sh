@@ -10,8 +10,11 @@
 #
 #   e2e/kind/build.sh                 build if needed; print the node image's tag last
 #   e2e/kind/build.sh --print-bindir  print the folder of kind, kubeadm, coredns, runcwrap
+#   e2e/kind/build.sh --coredns       build CoreDNS alone if needed (the real node's cluster
+#                                     DNS, e2e/node); print the binary's path last
 #
 # Cache: ${ELASTRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elastra}/kind/bin-<key>/ (binaries),
+#        .../kind/coredns-<version>-<go version>/coredns (CoreDNS alone, copied into bin-<key>),
 #        .../images/layers/kind-*.tar (the node image's layers), .../kind/node-image.json.
 set -euo pipefail
 
@@ -83,9 +86,8 @@ build_bins() {
   done
   (cd "$HERE/kubeadm" && with_log "$log" kubeadm go build -p 2 -trimpath \
     -ldflags "-s -w$flags" -o "$stage/kubeadm" k8s.io/kubernetes/cmd/kubeadm)
-  say "[3/4] CoreDNS $COREDNS_VERSION (a few minutes when cold)"
-  with_log "$log" coredns env GOFLAGS= GOBIN="$stage" go install -p 2 -trimpath -ldflags "-s -w" \
-    "github.com/coredns/coredns@$COREDNS_VERSION"
+  say "[3/4] CoreDNS $COREDNS_VERSION"
+  cp "$(coredns_bin)" "$stage/coredns"
   say "[4/4] runcwrap"
   (cd "$HERE/runcwrap" && with_log "$log" runcwrap go build -trimpath -ldflags "-s -w" \
     -o "$stage/runcwrap" .)
@@ -96,11 +98,32 @@ build_bins() {
   say "built in $((SECONDS - started))s: $(ls "$dest" | tr '\n' ' ')"
 }
 
+# CoreDNS alone, built once per version and Go release (kind's node image and the real node's
+# cluster DNS both use it); prints the binary's path.
+coredns_bin() {
+  local dir stage
+  dir="$CACHE_ROOT/coredns-$COREDNS_VERSION-$(go env GOVERSION)"
+  mkdir -p "$CACHE_ROOT"
+  exec 8>"$CACHE_ROOT/.coredns.lock"
+  flock 8
+  if [[ ! -x "$dir/coredns" ]]; then
+    stage="$dir.build-$$"
+    rm -rf "$stage"; mkdir -p "$stage"
+    say "building CoreDNS $COREDNS_VERSION into $dir (a few minutes when cold; log: $stage/build.log)"
+    with_log "$stage/build.log" coredns env GOFLAGS= GOBIN="$stage" go install -p 2 -trimpath \
+      -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION"
+    rm -rf "$dir"; mv "$stage" "$dir"
+  fi
+  exec 8>&-
+  echo "$dir/coredns"
+}
+
 main() {
   command -v go >/dev/null 2>&1 || die "'go' is not on PATH (Go >= 1.26 is needed, as for make toolchain)"
   local key
   key="$(cache_key)"
   if [[ "${1:-}" == "--print-bindir" ]]; then echo "$CACHE_ROOT/$key"; return; fi
+  if [[ "${1:-}" == "--coredns" ]]; then coredns_bin; return; fi
   [[ $# -eq 0 ]] || die "unknown option '$1'"
   [[ $EUID -eq 0 ]] || die "the node image needs root (debootstrap, chroot, containerd)"
   TOOLCHAIN_BIN="$("$REPO/e2e/toolchain/build.sh" | tail -1)"

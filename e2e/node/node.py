@@ -1,4 +1,4 @@
-"""A real Kubernetes node on this machine: containerd, CNI, kubelet and kube-proxy.
+"""A real Kubernetes node on this machine: containerd, CNI, kubelet, kube-proxy and CoreDNS.
 
 Why: the e2e suite and `make demo` need real pods (real processes, real IPs, TCP between
 pods) next to kwok's simulated nodes, and no image can be pulled here. The node uses Debian's
@@ -373,7 +373,8 @@ def start_kubelet(
                 "authorization": {"mode": "Webhook"},
                 "tlsCertFile": str(pki.client_cert("kubelet-serving")),
                 "tlsPrivateKeyFile": str(pki.client_key("kubelet-serving")),
-                "clusterDomain": "cluster.local",
+                "clusterDomain": DNS_DOMAIN,
+                "clusterDNS": [ip],
                 "failSwapOn": False,
                 "resolvConf": "/etc/resolv.conf",
                 "podCIDR": NODE_POD_CIDR,
@@ -411,6 +412,42 @@ def start_kubelet(
     state.daemons.append(daemon)
     state.save(layout)
     return daemon
+
+
+DNS_DOMAIN = "cluster.local"
+
+
+def coredns_binary() -> Path:
+    """CoreDNS built from its Go module (cached per user by e2e/kind/build.sh)."""
+    script = REPO / "e2e" / "kind" / "build.sh"
+    # Its progress (minutes when cold) goes to our stderr; the path is its last line.
+    out = subprocess.run([str(script), "--coredns"], stdout=subprocess.PIPE, text=True, check=False)
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        raise ClusterError(f"{script} --coredns failed (exit {out.returncode}): see above")
+    return Path(lines[-1])
+
+
+def start_coredns(*, nl: NodeLayout, state: State, layout: Layout, binary: Path, ip: str) -> None:
+    """The cluster's DNS, as a process on the node's address (port 53): pods resolve
+    ``<pod>.<service>.<namespace>.svc`` as on any cluster, which the operator's workers use
+    to find rank 0 before it has an IP. It answers for the cluster domain only: other names
+    are refused, so nothing is forwarded off this machine."""
+    corefile = nl.etc / "Corefile"
+    corefile.write_text(
+        f"{DNS_DOMAIN}:53 {{\n"
+        f"    bind {ip}\n"
+        "    errors\n"
+        f"    kubernetes {DNS_DOMAIN} {{\n"
+        f"        kubeconfig {layout.kubeconfig}\n"
+        "        ttl 5\n"
+        "    }\n"
+        "}\n"
+    )
+    argv = [str(binary), "-conf", str(corefile)]
+    daemon = procs.start("coredns", argv, log=layout.logs / "coredns.log")
+    state.daemons.append(daemon)
+    state.save(layout)
 
 
 def start_kube_proxy(
@@ -469,6 +506,7 @@ def start(layout: Layout, state: State, bindir: Path, *, images: list[str]) -> d
         _need(tool)
     # Build (or find cached) every image before taking the machine's one real node.
     built = [BUILDERS[name]() for name in ["pause", *[i for i in images if i != "pause"]]]
+    coredns = coredns_binary()
     claim(layout, wait=float(os.environ.get("ELASTRA_REAL_NODE_WAIT", "600")))
     ip = node_ip()
     info: dict[str, Any] = {"name": node_name(), "ip": ip, "root": str(nl.root)}
@@ -487,6 +525,7 @@ def start(layout: Layout, state: State, bindir: Path, *, images: list[str]) -> d
     info["ports"] = ports
     state.save(layout)
     kwargs = {"nl": nl, "state": state, "layout": layout, "bindir": bindir, "ip": ip}
+    start_coredns(nl=nl, state=state, layout=layout, binary=coredns, ip=ip)
     kubelet = start_kubelet(**kwargs, ports=ports)  # type: ignore[arg-type]
     start_kube_proxy(**kwargs, ports=ports)  # type: ignore[arg-type]
     api = admin_api(layout, state)
@@ -552,7 +591,7 @@ def teardown(layout: Layout, state: State) -> list[str]:
             )
     # 2. Daemons (kube-proxy, kubelet) stop; leftover tasks are killed while containerd runs.
     for daemon in reversed(state.daemons):
-        if daemon.name in ("kube-proxy", "kubelet") and procs.stop(daemon):
+        if daemon.name in ("kube-proxy", "kubelet", "coredns") and procs.stop(daemon):
             stopped.append(f"{daemon.name} (pid {daemon.pid})")
     netns: set[str] = set()
     if containerd and procs.is_running(containerd):

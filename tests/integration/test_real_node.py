@@ -5,7 +5,9 @@ CNI, kubelet, kube-proxy on this machine, images built without a registry). This
 its own cluster with a real node (one per machine; a real-node cluster a person started is
 borrowed instead, in a namespace of its own), runs pods from the locally built
 `python` image (Debian + python3, e2e/images) and checks pod IPs, pod-to-pod TCP and a pod
-reaching the API server through the `kubernetes` Service (kube-proxy's translation).
+reaching the API server through the `kubernetes` Service (kube-proxy's translation), and a
+pod found by its DNS name under a headless Service (the node's CoreDNS), as the operator's
+workers find rank 0.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ while True:
 
 CLIENT = """
 import socket, sys
-for attempt in range(50):
+for attempt in range(int(sys.argv[2]) if len(sys.argv) > 2 else 50):
     try:
         c = socket.create_connection((sys.argv[1], 8080), timeout=2)
         break
@@ -95,12 +97,15 @@ class Kube:
         result: dict[str, Any] = json.loads(self.kubectl("get", "pod", name, "-o", "json"))
         return result
 
-    def run_pod(self, name: str, code: str, *args: str, restart: str = "Never") -> None:
+    def run_pod(
+        self, name: str, code: str, *args: str, restart: str = "Never", **spec: str
+    ) -> None:
         manifest = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": name, "labels": {"app": name}},
             "spec": {
+                **spec,
                 "nodeSelector": {NODE_LABEL: "true"},
                 "restartPolicy": restart,
                 "terminationGracePeriodSeconds": 1,
@@ -199,3 +204,26 @@ def test_pod_reaches_the_api_server_through_its_service(kube: Kube) -> None:
     pod = kube.wait_phase("apicheck", {"Succeeded", "Failed"})
     assert pod["status"]["phase"] == "Succeeded", pod["status"]
     assert _message(pod).startswith("v1.")
+
+
+def test_pod_finds_another_by_its_dns_name_before_it_is_ready(kube: Kube) -> None:
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "peers"},
+        "spec": {
+            "clusterIP": "None",
+            "selector": {"app": "named"},
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "pong", "port": 8080}],
+        },
+    }
+    kube.kubectl("apply", "-f", "-", stdin=json.dumps(service))
+    started = time.monotonic()
+    kube.run_pod("named", SERVER, hostname="named", subdomain="peers")
+    name = f"named.peers.{kube.namespace}.svc"
+    kube.run_pod("resolver", CLIENT, name, "300")
+    pod = kube.wait_phase("resolver", {"Succeeded", "Failed"})
+    assert pod["status"]["phase"] == "Succeeded", pod["status"]
+    assert _message(pod) == "pong named ping"
+    print(f"{name} answered {time.monotonic() - started:.1f}s after both pods were created")
