@@ -131,8 +131,13 @@ def _patches(
 
 
 def _creates(writer: _Writer, placement: Placement, *, count: int) -> tuple[dict[str, Any], ...]:
-    """The first ``count`` placed pods, each in the lowest slot no pod of the job holds."""
+    """The first ``count`` placed pods, each in the lowest slot no pod of the job holds.
+
+    All but the last are gated; the reconciler creates the last only once every other one
+    exists, so it needs no gate (and no second write) to keep the batch all-or-nothing.
+    """
     job = writer.job
+    batch = list(zip(free_slots(writer.facts), placement.pods[:count], strict=False))
     return tuple(
         worker_pod(
             job,
@@ -142,8 +147,9 @@ def _creates(writer: _Writer, placement: Placement, *, count: int) -> tuple[dict
             assignment=writer.assignment(pod_name(job.metadata.name, slot), retiring=False),
             version=writer.status.world.version,
             settings=writer.settings,
+            gated=index < len(batch) - 1,
         )
-        for slot, new in zip(free_slots(writer.facts), placement.pods[:count], strict=False)
+        for index, (slot, new) in enumerate(batch)
     )
 
 
@@ -156,8 +162,10 @@ def free_slots(facts: Mapping[str, PodFacts]) -> Iterator[int]:
 def _ungate(
     facts: Mapping[str, PodFacts], decision: ResizeDecision, creates: tuple[dict[str, Any], ...]
 ) -> tuple[str, ...]:
-    """Gang admission: the batch is created gated and ungated only after every create of the
-    pass returned (the reconciler stops at the first failed create), so a batch that fails
-    halfway never holds GPUs, and one that succeeds needs no second pass to start."""
+    """Gang admission: the batch is created gated (but its last pod, created after the rest)
+    and ungated only after every create of the pass returned (the reconciler stops at the first
+    failed create), so a batch that fails halfway never holds GPUs, and one that succeeds needs
+    no second pass to start."""
     gated = [name for name, f in facts.items() if f.gated and name not in decision.delete]
-    return tuple(sorted([*gated, *(str(p["metadata"]["name"]) for p in creates)]))
+    created = [str(p["metadata"]["name"]) for p in creates if p["spec"].get("schedulingGates")]
+    return tuple(sorted([*gated, *created]))

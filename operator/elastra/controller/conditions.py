@@ -61,6 +61,9 @@ class ConditionReason(StrEnum):
     """Failed: restarts would exceed ``failurePolicy.maxRestarts``."""
     JOB_FAILED = "JobFailed"
     """Running, Resizing and Suspended False once the job failed."""
+    FAILED_CREATE = "FailedCreate"
+    """Event only: the API server refused a worker pod (a ResourceQuota, an admission webhook,
+    a LimitRange); the batch waits gated and the pass is retried with backoff."""
 
 
 @dataclass(frozen=True)

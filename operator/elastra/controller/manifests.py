@@ -209,8 +209,10 @@ def worker_pod(
     assignment: str,
     version: int,
     settings: OperatorSettings,
+    gated: bool = True,
 ) -> dict[str, Any]:
-    """A gated worker pod pinned to ``node``, carrying its assignment, with the template merged.
+    """A worker pod pinned to ``node``, carrying its assignment, with the template merged;
+    held by the gang gate unless ``gated`` is false (the last pod of a batch).
 
     Elastra's own labels and annotations are written after the template's, so they win even
     where the API server's rules would not have caught a clash.
@@ -240,7 +242,7 @@ def worker_pod(
             },
             "ownerReferences": [owner_reference(job)],
         },
-        "spec": _pod_spec(job, template, name=name, node=node, settings=settings),
+        "spec": _pod_spec(job, template, name=name, node=node, settings=settings, gated=gated),
     }
 
 
@@ -251,6 +253,7 @@ def _pod_spec(
     name: str,
     node: str,
     settings: OperatorSettings,
+    gated: bool,
 ) -> dict[str, Any]:
     """Elastra's pod spec with the template's allow-listed fields added."""
     extra = template.pod_spec()
@@ -263,13 +266,14 @@ def _pod_spec(
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": settings.termination_grace_seconds,
-        "schedulingGates": [{"name": GANG_GATE}],
         "affinity": _affinity(node, extra.affinity),
         "tolerations": [*_tolerations(job, settings), *(t.to_wire() for t in extra.tolerations)],
         "securityContext": _pod_security_context(restricted=restricted),
         "containers": [_worker_container(job, template.worker_additions(), settings), *sidecars],
         "volumes": [*_elastra_volumes(job, settings), *(v.to_wire() for v in extra.volumes)],
     }
+    if gated:
+        spec["schedulingGates"] = [{"name": GANG_GATE}]
     if extra.init_containers:
         spec["initContainers"] = [_sidecar(c, restricted=restricted) for c in extra.init_containers]
     if extra.node_selector:

@@ -25,6 +25,7 @@ from typing import Any
 
 from elastra.api import TrainingJob, parse_trainingjob
 from elastra.controller import admission, metrics
+from elastra.controller.conditions import ConditionReason
 from elastra.controller.manifests import headless_service, network_policy
 from elastra.controller.observe import WorkerProgress
 from elastra.controller.passplan import Observation, PassPlan, plan_pass
@@ -33,7 +34,7 @@ from elastra.controller.settings import OperatorSettings
 from elastra.controller.snapshot import ClusterSnapshot
 from elastra.errors import UserError
 from elastra.kube import events, resources, workloads
-from elastra.kube.client import ConflictError, JsonDict, Kube, gather_limited
+from elastra.kube.client import ApiError, ConflictError, JsonDict, Kube, gather_limited
 
 log = logging.getLogger("elastra.reconcile")
 
@@ -151,7 +152,12 @@ async def _apply(
             await resources.ensure_service(kube, namespace, service)
             policy = network_policy(service, settings)
             await resources.ensure_network_policy(kube, namespace, policy)
-            await _create_pods(kube, snapshot, namespace, plan.creates, settings)
+            try:
+                await _create_pods(kube, snapshot, namespace, plan.creates, settings)
+            except ApiError as err:
+                if err.status in REFUSED:
+                    await _refused(kube, raw, err)
+                raise
         await _write_status(kube, snapshot, raw, plan)
         if plan.workload_delete:
             await workloads.delete_workload(kube, namespace, plan.workload_delete)
@@ -170,6 +176,26 @@ async def _apply(
         await events.record_event(
             kube, raw, kind=event.type, reason=event.reason, message=event.message
         )
+
+
+REFUSED = frozenset({403, 422})
+"""Statuses of a pod create the cluster refused by its own rules (quota, admission), not a
+fault: the job says so in a Warning Event."""
+
+
+async def _refused(kube: Kube, raw: JsonDict, err: ApiError) -> None:
+    """Say on the job why its pods cannot be created: a quota or a webhook is the user's to
+    change, and only the operator's log would tell otherwise."""
+    await events.record_event(
+        kube,
+        raw,
+        kind="Warning",
+        reason=ConditionReason.FAILED_CREATE,
+        message=(
+            f"the API server refused a worker pod: {err.message}; the pods created so far "
+            "stay gated (none runs until the whole batch exists) and creation is retried"
+        ),
+    )
 
 
 async def _write_status(
@@ -236,7 +262,9 @@ async def _create_pods(
     pods: Sequence[JsonDict],
     settings: OperatorSettings,
 ) -> None:
-    """Create the gang's pods; each reservation then holds the server's answer."""
+    """Create the gang's pods, the gated ones first and the ungated (a batch's last) only once
+    they all exist: a failed create leaves nothing that can run. Each reservation then holds
+    the server's answer."""
 
     async def create(pod: JsonDict) -> None:
         try:
@@ -248,7 +276,10 @@ async def _create_pods(
         if answer is not None:
             metrics.PODS_CREATED.inc()
 
-    await gather_limited(settings.concurrency, *(create(pod) for pod in pods))
+    gated = [p for p in pods if p["spec"].get("schedulingGates")]
+    last = [p for p in pods if not p["spec"].get("schedulingGates")]
+    for batch in (gated, last):  # the pass's ``release`` frees what a failure left unsent
+        await gather_limited(settings.concurrency, *(create(pod) for pod in batch))
 
 
 def _writes(raw: JsonDict, plan: PassPlan) -> int:

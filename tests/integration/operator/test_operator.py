@@ -312,3 +312,45 @@ def test_metrics_and_liveness_endpoints(
             assert name in text, name
     finally:
         proc.stop()
+
+
+def test_a_batch_refused_halfway_holds_nothing_and_starts_once_it_fits(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+) -> None:
+    """Gang admission on the real API server: a ResourceQuota lets only two of a batch of three
+    pods be created, so the two stay gated (the last pod, created without the gate, is never
+    sent) and nothing runs; with the quota gone the same job forms its world of three."""
+    namespace = operator.namespace
+    existing = len(cluster.get("pods", "-n", namespace)["items"])
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "two-more-pods"},
+        "spec": {"hard": {"pods": str(existing + 2)}},
+    }
+    cluster.apply(quota, namespace=namespace)
+    jobs.wait(
+        "the quota's usage to be counted",
+        lambda: "pods" in (cluster.get("resourcequota", "two-more-pods", "-n", namespace)
+                           .get("status", {}).get("used") or {}),
+        timeout=60,
+    )  # fmt: skip
+    worker = {"gpus": 8, "gpuTypes": ["H200"], "image": "elastra-worker:dev"}
+    try:
+        jobs.apply(h200_job("halfway", replicas=3, worker=worker))
+        refused = jobs.wait(
+            "a FailedCreate Warning on the job",
+            lambda: [e for e in jobs.events("halfway") if e["reason"] == "FailedCreate"],
+        )
+        assert refused[0]["type"] == "Warning" and "exceeded quota" in refused[0]["message"]
+        jobs.wait("a retry", lambda: max(e.get("count") or 1 for e in jobs.events("halfway")
+                                         if e["reason"] == "FailedCreate") >= 2)  # fmt: skip
+        pods = jobs.pods("halfway")
+        assert len(pods) == 2
+        ungated = [p["metadata"]["name"] for p in pods if not p["spec"].get("schedulingGates")]
+        assert ungated == [], f"{ungated} could run while the batch is incomplete"
+        assert not any(p["spec"].get("nodeName") for p in pods), "nothing bound, nothing held"
+    finally:
+        cluster.kubectl("delete", "resourcequota", "two-more-pods", "-n", namespace)
+    status = jobs.wait_phase("halfway", "Running", timeout=120)
+    assert world(status)["replicas"] == 3 and world(status)["version"] == 1

@@ -13,7 +13,12 @@ import pytest
 
 from elastra.api import TrainingJobStatus, parse_trainingjob
 from elastra.controller.children import Children, children
-from elastra.controller.manifests import ANNOTATION_ASSIGNMENT, ANNOTATION_RETIRED, LABEL_WORLD
+from elastra.controller.manifests import (
+    ANNOTATION_ASSIGNMENT,
+    ANNOTATION_RETIRED,
+    GANG_GATE,
+    LABEL_WORLD,
+)
 from elastra.controller.observe import PodFacts, format_time
 from elastra.controller.planning import NewPod, Placement
 from elastra.elastic.resize import Reason, ResizeDecision
@@ -111,7 +116,8 @@ def test_creates_take_the_lowest_free_slots_on_the_placed_nodes(
 @pytest.mark.parametrize(
     ("pods", "delete", "new", "ungate"),
     [
-        ([pod(0, GATED), pod(1, GATED)], (1,), ("a",), ("gpt-w0", "gpt-w2")),
+        ([pod(0, GATED), pod(1, GATED)], (1,), ("a",), ("gpt-w0",)),
+        ([pod(0, GATED)], (), ("a", "b"), ("gpt-w0", "gpt-w1")),
         ([pod(0), pod(1)], (), (), ()),
     ],
 )
@@ -119,6 +125,14 @@ def test_gated_and_created_pods_are_ungated_together(
     pods: list[PodFacts], delete: tuple[int, ...], new: tuple[str, ...], ungate: tuple[str, ...]
 ) -> None:
     assert writes(pods, delete=delete, new=new, create=len(new)).ungate == ungate
+
+
+def test_a_batch_is_created_gated_but_its_last_pod() -> None:
+    created = writes([], new=("a", "b", "c"), create=3).creates
+    gates = [p["spec"].get("schedulingGates") for p in created]
+    assert gates == [[{"name": GANG_GATE}], [{"name": GANG_GATE}], None], (
+        "the reconciler creates the last pod once the others exist: it needs no gate"
+    )
 
 
 def test_a_pod_is_patched_until_it_carries_its_assignment() -> None:
