@@ -20,7 +20,8 @@ STALL_S; the rest of the jobs wait for capacity, as on a full cluster.
 Absolute seconds are printed for context only: these machines are shared and noisy.
 Environment: ELASTRA_BENCH_JOBS (300), ELASTRA_BENCH_WORKERS (8), ELASTRA_BENCH_FLEET
 (hetero-large), ELASTRA_BENCH_CLUSTER_DIR (a private cluster folder, created and removed),
-ELASTRA_BENCH_WORLDS_WAIT_S (600: longest wait for worlds once the pods run).
+ELASTRA_BENCH_WORLDS_WAIT_S (600: longest wait for worlds once the pods run),
+ELASTRA_BENCH_OPERATOR_ARGS (more options for the operator, as a shell would split them).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -61,6 +63,8 @@ PRODUCTS = {
 STALL_S = 120.0
 WORLDS_WAIT_S = float(os.environ.get("ELASTRA_BENCH_WORLDS_WAIT_S", "600"))
 """A capacity-bound run ends when the number of Running pods has not grown for this long."""
+OPERATOR_ARGS = shlex.split(os.environ.get("ELASTRA_BENCH_OPERATOR_ARGS", ""))
+"""More ``elastra run`` options, to compare settings (``--passes-at-once 16``)."""
 NAMESPACE = "bench"
 TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
 PATIENT = RetryPolicy(attempts=10, max_delay_s=30.0, budget_s=300.0)
@@ -350,7 +354,8 @@ async def run(kubeconfig: Path) -> None:
             [sys.executable, "-m", "elastra.cli", "run", f"--kubeconfig={kubeconfig}",
              f"--namespace={NAMESPACE}", f"--lease-namespace={NAMESPACE}",
              "--toleration=kwok.x-k8s.io/node=fake:NoSchedule",
-             f"--metrics-port={metrics_port}", "--health-port=0", "--log-format=plain"],
+             f"--metrics-port={metrics_port}", "--health-port=0", "--log-format=plain",
+             *OPERATOR_ARGS],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:

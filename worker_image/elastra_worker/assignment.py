@@ -10,7 +10,7 @@ Format (``elastra.dev/v1alpha1``, kind ``Assignment``)::
 
     {"apiVersion": "elastra.dev/v1alpha1", "kind": "Assignment",
      "job": "gpt", "worldVersion": 3, "rank": 0, "worldSize": 4,
-     "masterAddr": "gpt-w-0.gpt", "masterPort": 29500, "localWorldSize": 1,
+     "masterAddr": "gpt-w0.gpt.default.svc", "masterPort": 29500, "localWorldSize": 1,
      "plan": {"dp": 4, "tp": 1, "pp": 1, "microBatchSize": 2, "batchShares": [8, 8, 8, 8]},
      "globalBatchSize": 32, "consistency": "none", "seed": 0,
      "checkpoint": {"path": "/ckpt", "intervalSeconds": 300, "keep": 3, "intervalSteps": 0,
