@@ -8,6 +8,10 @@ Prints, measured in one run on the same local control plane:
   by verb and resource;
 - CPU seconds, the operator process's against the plain client's (this process during the
   baseline), and the operator's resident memory (at the end and its peak);
+- the operator's passes: how many, and their mean duration (API waits included);
+- the API server's own count of writes per job in each phase, by resource, from every client
+  (scheduler binds, kwok's status updates, the controller-manager's EndpointSlices): what a
+  phase costs the server beyond the requests its client makes;
 - per job, the seconds from its create call returning to its first world in status
   (p50, p99): what a user waits before the first assignment (the run waits for the worlds
   of every job whose pods fit, after the pods run).
@@ -36,6 +40,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +49,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from e2e.cluster.controlplane import Layout, apply_fleet, down, up  # noqa: E402
+from e2e.cluster.state import State  # noqa: E402
 
+from elastra.api.resource import PLURAL  # noqa: E402
 from elastra.kube import resources  # noqa: E402
 from elastra.kube.client import API_REQUESTS, Kube, RetryPolicy, gather_limited  # noqa: E402
 from elastra.kube.config import load_connection  # noqa: E402
@@ -242,16 +249,27 @@ class OperatorRun:
         return sorted(self.first_world[n] - self.created[n] for n in self.first_world)
 
 
-async def watch_worlds(kube: Kube, run: OperatorRun, every_s: float = 1.0) -> None:
-    """Note when each job's status first shows a world (polled: Kube has no watch)."""
+async def watch_worlds(kube: Kube, run: OperatorRun) -> None:
+    """Note when each job's status first shows a world, from a watch on the jobs (a list every
+    second would load the API server the operator is measured on)."""
+    path = f"{resources.JOBS}/namespaces/{NAMESPACE}/{PLURAL}"
+
+    def note(job: dict[str, Any]) -> None:
+        name = job["metadata"]["name"]
+        world = (job.get("status") or {}).get("world") or {}
+        if name in run.created and name not in run.first_world and world.get("replicas"):
+            run.first_world[name] = time.monotonic()
+
+    jobs, version = await kube.list_versioned(path)
+    for job in jobs:
+        note(job)
     while True:
-        seen = time.monotonic()
-        for job in await resources.list_jobs(kube, NAMESPACE):
-            name = job["metadata"]["name"]
-            world = (job.get("status") or {}).get("world") or {}
-            if name in run.created and name not in run.first_world and world.get("replicas"):
-                run.first_world[name] = seen
-        await asyncio.sleep(every_s)
+        params = {"watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true"}
+        async for event in kube.watch(path, params, read_timeout_s=120):
+            job = event.get("object") or {}
+            version = str((job.get("metadata") or {}).get("resourceVersion") or version)
+            if event.get("type") in ("ADDED", "MODIFIED"):
+                note(job)
 
 
 async def worlds_formed(run: OperatorRun, count: int) -> None:
@@ -308,6 +326,37 @@ def metric_sum(text: str, name: str) -> float:
     )
 
 
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def apiserver_writes(kubectl: Path, kubeconfig: Path) -> Counter[str]:
+    """The API server's own count of writes so far, by resource[/subresource], from every
+    client: the scheduler's binds, kwok's pod status, the controller-manager's EndpointSlices.
+    What a phase costs the server includes what its objects make other controllers write."""
+    text = subprocess.run(
+        [str(kubectl), f"--kubeconfig={kubeconfig}", "get", "--raw", "/metrics"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    writes: Counter[str] = Counter()
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(LABEL.findall(line[: line.rindex("}")]))
+        if labels.get("verb") in WRITE_VERBS:
+            sub = labels.get("subresource")
+            writes[labels.get("resource", "") + (f"/{sub}" if sub else "")] += float(
+                line.split()[-1]
+            )
+    return writes
+
+
+def per_job(after: Counter[str], before: Counter[str], jobs: int) -> dict[str, float]:
+    """Writes per job between two counts, largest first (those above 0.05 per job)."""
+    diff = {k: (after[k] - before[k]) / jobs for k in after}
+    return {k: round(v, 2) for k, v in sorted(diff.items(), key=lambda kv: -kv[1]) if v >= 0.05}
+
+
 def requests_by_kind(text: str, name: str, jobs: int) -> dict[str, float]:
     """Requests per job by verb and resource ("POST pods": 8.0), largest first."""
     found: dict[str, float] = {}
@@ -338,7 +387,7 @@ def rss_mib(pid: int, field_name: str = "VmRSS") -> float:
     return float("nan")
 
 
-async def run(kubeconfig: Path) -> None:
+async def run(kubeconfig: Path, kubectl: Path) -> None:
     connection = load_connection(str(kubeconfig))
     async with Kube(connection, retry=PATIENT) as kube:
         await kube.create(
@@ -347,7 +396,9 @@ async def run(kubeconfig: Path) -> None:
         )
         fits = placeable(await gpu_capacity(kube))
         say(f"baseline: a plain client creates {len(fits)} of {JOBS * WORKERS} pods (what fits)")
+        before_plain = apiserver_writes(kubectl, kubeconfig)
         plain = await baseline(kube, fits)
+        after_plain = apiserver_writes(kubectl, kubeconfig)
         say(f"baseline: {plain.seconds:.1f}s, {plain.requests:.0f} requests")
         metrics_port = 18480
         operator = subprocess.Popen(
@@ -361,10 +412,13 @@ async def run(kubeconfig: Path) -> None:
         try:
             say(f"operator: {JOBS} TrainingJobs of {WORKERS} workers ...")
             ran = await with_operator(kube, len(fits))
+            after_operator = apiserver_writes(kubectl, kubeconfig)
             with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as reply:
                 text = reply.read().decode()
             requests = metric_sum(text, "elastra_api_requests_total")
             by_kind = requests_by_kind(text, "elastra_api_requests_total", JOBS)
+            passes = metric_sum(text, "elastra_reconcile_duration_seconds_count")
+            pass_seconds = metric_sum(text, "elastra_reconcile_duration_seconds_sum")
             memory, peak = rss_mib(operator.pid), rss_mib(operator.pid, "VmHWM")
             cpu = cpu_seconds(operator.pid)
         finally:
@@ -394,6 +448,10 @@ async def run(kubeconfig: Path) -> None:
         "cpuRatio": round(cpu / max(plain.cpu_seconds, 1e-3), 2),
         "operatorRssMiB": round(memory, 1),
         "operatorPeakRssMiB": round(peak, 1),
+        "apiServerWritesPerJobPlain": per_job(after_plain, before_plain, JOBS),
+        "apiServerWritesPerJobOperator": per_job(after_operator, after_plain, JOBS),
+        "operatorPasses": int(passes),
+        "operatorPassSecondsMean": round(pass_seconds / max(passes, 1), 3),
         "jobsWithWorld": len(waits),
         "firstWorldP50Seconds": round(percentile(waits, 0.50), 1),
         "firstWorldP99Seconds": round(percentile(waits, 0.99), 1),
@@ -416,7 +474,9 @@ def main() -> int:
     started = up(layout, fleet="hetero-small")
     try:
         apply_fleet(FLEET, layout=layout, replace=True, timeout=900)
-        asyncio.run(run(layout.kubeconfig))
+        state = State.load(layout)
+        assert state is not None, f"no cluster state in {layout.root}"
+        asyncio.run(run(layout.kubeconfig, Path(state.bindir) / "kubectl"))
     finally:
         if started:
             down(layout)

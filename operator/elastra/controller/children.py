@@ -20,6 +20,7 @@ from elastra.api import TrainingJob, TrainingJobStatus
 from elastra.controller.manifests import (
     ANNOTATION_ASSIGNMENT,
     ANNOTATION_RETIRED,
+    LABEL_LEADER,
     LABEL_WORLD,
     RankSpec,
     assignment_json,
@@ -72,13 +73,20 @@ class _Writer:
             job, version=world.version, rank=rank, stop=retiring, settings=self.settings
         )
 
+    def leader(self, name: str, *, retiring: bool) -> bool:
+        """Whether pod ``name`` is the recorded world's rank 0 (labelled for its Service)."""
+        return not retiring and name in self.status.world.ranks and name == self._leader()
+
+    def _leader(self) -> str:
+        status = self.status
+        return next((p.pod for p in status.placement if p.rank == 0), status.world.ranks[0])
+
     def _leader_address(self) -> str:
         """Rank 0's stable DNS name (the job's headless Service publishes it before the pod
         is Ready). Never its IP: a world formed as its pods are created has none to give, and
         an address that changed within a world would cost every member a second write."""
-        job, status = self.job, self.status
-        leader = next((p.pod for p in status.placement if p.rank == 0), status.world.ranks[0])
-        return f"{leader}.{job.metadata.name}.{job.metadata.namespace}.svc"
+        job = self.job
+        return f"{self._leader()}.{job.metadata.name}.{job.metadata.namespace}.svc"
 
 
 def children(
@@ -120,12 +128,16 @@ def _patches(
         told = fact.view.retiring_since is not None
         retiring = told or name in decision.retire
         wanted = writer.assignment(name, retiring=retiring)
-        if wanted == fact.assignment and (told or not retiring):
+        leader = writer.leader(name, retiring=retiring)
+        if wanted == fact.assignment and (told or not retiring) and leader == fact.leader:
             continue
         annotations = {ANNOTATION_ASSIGNMENT: wanted}
         if retiring and not told:
             annotations[ANNOTATION_RETIRED] = format_time(now)
-        labels = {LABEL_WORLD: str(version)}
+        labels: dict[str, str | None] = {
+            LABEL_WORLD: str(version),
+            LABEL_LEADER: "true" if leader else None,  # None: a merge patch removes it
+        }
         patches.append((name, {"metadata": {"annotations": annotations, "labels": labels}}))
     return tuple(patches)
 
@@ -137,19 +149,23 @@ def _creates(writer: _Writer, placement: Placement, *, count: int) -> tuple[dict
     exists, so it needs no gate (and no second write) to keep the batch all-or-nothing.
     """
     job = writer.job
-    batch = list(zip(free_slots(writer.facts), placement.pods[:count], strict=False))
+    batch = [
+        (pod_name(job.metadata.name, slot), slot, new)
+        for slot, new in zip(free_slots(writer.facts), placement.pods[:count], strict=False)
+    ]
     return tuple(
         worker_pod(
             job,
             slot=slot,
             node=new.node,
             gpu_type=new.gpu_type,
-            assignment=writer.assignment(pod_name(job.metadata.name, slot), retiring=False),
+            assignment=writer.assignment(name, retiring=False),
             version=writer.status.world.version,
             settings=writer.settings,
             gated=index < len(batch) - 1,
+            leader=writer.leader(name, retiring=False),
         )
-        for index, (slot, new) in enumerate(batch)
+        for index, (name, slot, new) in enumerate(batch)
     )
 
 

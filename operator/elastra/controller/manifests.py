@@ -53,6 +53,9 @@ from elastra_worker.assignment import Assignment, CheckpointSpec, Plan
 LABEL_JOB = "elastra.dev/job"
 LABEL_SLOT = "elastra.dev/slot"
 LABEL_WORLD = "elastra.dev/world-version"
+LABEL_LEADER = "elastra.dev/leader"
+"""``"true"`` on the world's rank 0 only: the job's headless Service selects that pod alone, so
+its DNS name resolves and no other pod's change rewrites the Service's EndpointSlices."""
 ANNOTATION_ASSIGNMENT = "elastra.dev/assignment"
 ANNOTATION_NODE = "elastra.dev/node"
 ANNOTATION_GPU_TYPE = "elastra.dev/gpu-type"
@@ -145,7 +148,12 @@ def owner_reference(job: TrainingJob) -> dict[str, Any]:
 
 
 def headless_service(job: TrainingJob) -> dict[str, Any]:
-    """Stable DNS names ``<pod>.<job>`` for the workers, where the cluster has DNS."""
+    """The DNS name ``<rank 0's pod>.<job>.<namespace>.svc`` that workers rendezvous at.
+
+    It selects the pod labelled leader only: a Service over every worker made the cluster's
+    endpoint controllers rewrite its Endpoints and EndpointSlices on each worker's start
+    (about ten writes per 8-pod job in ``bench_operator_scale.py``), for names nobody used.
+    """
     name = job.metadata.name
     return {
         "apiVersion": "v1",
@@ -158,7 +166,7 @@ def headless_service(job: TrainingJob) -> dict[str, Any]:
         },
         "spec": {
             "clusterIP": "None",
-            "selector": {LABEL_JOB: name},
+            "selector": {LABEL_JOB: name, LABEL_LEADER: "true"},
             "publishNotReadyAddresses": True,
             "ports": [{"name": "rendezvous", "port": 29500, "protocol": "TCP"}],
         },
@@ -168,14 +176,15 @@ def headless_service(job: TrainingJob) -> dict[str, Any]:
 def network_policy(service: dict[str, Any], settings: OperatorSettings) -> dict[str, Any] | None:
     """The job's NetworkPolicy, or ``None`` where the operator is told to create none.
 
-    Built from the job's headless Service so that both select the same pods and have the same
-    owner (the job: deleting it deletes the policy). Without ``metrics_peers`` (an operator
-    outside the cluster, no scraper named) the metrics rule is left out: no pod is let in.
+    Built from the job's headless Service so that both have the same owner (the job: deleting
+    it deletes the policy); it selects every worker of the job. Without ``metrics_peers`` (an
+    operator outside the cluster, no scraper named) the metrics rule is left out: no pod is let
+    in.
     """
     if not settings.network_policy:
         return None
     meta = service["metadata"]
-    workers = {"matchLabels": dict(service["spec"]["selector"])}
+    workers = {"matchLabels": {LABEL_JOB: meta["labels"][LABEL_JOB]}}
     ingress: list[dict[str, Any]] = [{"from": [{"podSelector": workers}]}]
     if settings.metrics_peers:
         peers = [
@@ -210,6 +219,7 @@ def worker_pod(
     version: int,
     settings: OperatorSettings,
     gated: bool = True,
+    leader: bool = False,
 ) -> dict[str, Any]:
     """A worker pod pinned to ``node``, carrying its assignment, with the template merged;
     held by the gang gate unless ``gated`` is false (the last pod of a batch).
@@ -231,6 +241,7 @@ def worker_pod(
                 LABEL_JOB: job.metadata.name,
                 LABEL_SLOT: str(slot),
                 LABEL_WORLD: str(version),
+                **({LABEL_LEADER: "true"} if leader else {}),
                 "app.kubernetes.io/name": "elastra-worker",
                 "app.kubernetes.io/managed-by": "elastra",
             },

@@ -22,6 +22,7 @@ from elastra.controller.manifests import (
     ANNOTATION_NODE,
     ANNOTATION_RETIRED,
     GANG_GATE,
+    LABEL_LEADER,
     LABEL_SLOT,
 )
 from elastra.controller.memo import LastOf
@@ -44,6 +45,8 @@ class PodFacts:
     """Bound to a node that no longer exists: no kubelet will ever finish its deletion."""
     gated: bool
     exit_code: int | None
+    leader: bool = False
+    """Labelled as its world's rank 0 (``LABEL_LEADER``)."""
 
     @property
     def name(self) -> PodName:
@@ -155,6 +158,7 @@ def pod_facts(
         node_gone=node is not None and not node.exists,
         gated=gated,
         exit_code=view.exit_code,
+        leader=labels.get(LABEL_LEADER) == "true",
     )
 
 

@@ -17,6 +17,7 @@ logs them and retries later.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -148,16 +149,7 @@ async def _apply(
     meta = raw["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     try:
-        if plan.creates:
-            await resources.ensure_service(kube, namespace, service)
-            policy = network_policy(service, settings)
-            await resources.ensure_network_policy(kube, namespace, policy)
-            try:
-                await _create_pods(kube, snapshot, namespace, plan.creates, settings)
-            except ApiError as err:
-                if err.status in REFUSED:
-                    await _refused(kube, raw, err)
-                raise
+        await _create_children(kube, snapshot, raw, plan, service=service, settings=settings)
         await _write_status(kube, snapshot, raw, plan)
         if plan.workload_delete:
             await workloads.delete_workload(kube, namespace, plan.workload_delete)
@@ -166,16 +158,43 @@ async def _apply(
         await _delete_pods(kube, namespace, plan, settings)
         await _patch_pods(kube, snapshot, namespace, plan.patches, settings)
         ungate = tuple((p, {"spec": {"schedulingGates": None}}) for p in plan.ungate)
-        await _patch_pods(kube, snapshot, namespace, ungate, settings)
+        await asyncio.gather(
+            _patch_pods(kube, snapshot, namespace, ungate, settings),
+            *(
+                events.record_event(kube, raw, kind=e.type, reason=e.reason, message=e.message)
+                for e in plan.events
+            ),
+        )
     finally:
         snapshot.release(plan.creates)
     if plan.delete_job:
         log.info("job %s/%s: ttlSecondsAfterFinished has passed; deleting it", namespace, name)
         await workloads.delete_job(kube, namespace, name, uid=meta.get("uid"))
-    for event in plan.events:
-        await events.record_event(
-            kube, raw, kind=event.type, reason=event.reason, message=event.message
-        )
+
+
+async def _create_children(
+    kube: Kube,
+    snapshot: ClusterSnapshot,
+    raw: JsonDict,
+    plan: PassPlan,
+    *,
+    service: dict[str, Any],
+    settings: OperatorSettings,
+) -> None:
+    """The job's Service and NetworkPolicy and the pass's new pods: the gated pods together
+    with the objects they need, the batch's last (ungated) pod only once all of them exist, so
+    a failed create leaves nothing that can run, and no pod runs before its NetworkPolicy."""
+    if not plan.creates:
+        return
+    namespace = raw["metadata"]["namespace"]
+    gated = [p for p in plan.creates if p["spec"].get("schedulingGates")]
+    last = [p for p in plan.creates if not p["spec"].get("schedulingGates")]
+    await asyncio.gather(
+        resources.ensure_service(kube, namespace, service),
+        resources.ensure_network_policy(kube, namespace, network_policy(service, settings)),
+        _create_pods(kube, snapshot, raw, gated, settings),
+    )
+    await _create_pods(kube, snapshot, raw, last, settings)
 
 
 REFUSED = frozenset({403, 422})
@@ -258,13 +277,12 @@ async def _patch_pods(
 async def _create_pods(
     kube: Kube,
     snapshot: ClusterSnapshot,
-    namespace: str,
+    raw: JsonDict,
     pods: Sequence[JsonDict],
     settings: OperatorSettings,
 ) -> None:
-    """Create the gang's pods, the gated ones first and the ungated (a batch's last) only once
-    they all exist: a failed create leaves nothing that can run. Each reservation then holds
-    the server's answer."""
+    """Create pods; each reservation then holds the server's answer. A create the cluster
+    refuses by its own rules is said on the job (``_refused``) before the pass fails."""
 
     async def create(pod: JsonDict) -> None:
         try:
@@ -276,10 +294,13 @@ async def _create_pods(
         if answer is not None:
             metrics.PODS_CREATED.inc()
 
-    gated = [p for p in pods if p["spec"].get("schedulingGates")]
-    last = [p for p in pods if not p["spec"].get("schedulingGates")]
-    for batch in (gated, last):  # the pass's ``release`` frees what a failure left unsent
-        await gather_limited(settings.concurrency, *(create(pod) for pod in batch))
+    namespace = raw["metadata"]["namespace"]
+    try:
+        await gather_limited(settings.concurrency, *(create(pod) for pod in pods))
+    except ApiError as err:
+        if err.status in REFUSED:
+            await _refused(kube, raw, err)
+        raise
 
 
 def _writes(raw: JsonDict, plan: PassPlan) -> int:

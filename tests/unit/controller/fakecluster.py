@@ -60,6 +60,7 @@ class FakeCluster:
             meta = self.pods[name]["metadata"]
             meta["annotations"].update(patch["metadata"].get("annotations", {}))
             meta["labels"].update(patch["metadata"].get("labels", {}))
+            meta["labels"] = {k: v for k, v in meta["labels"].items() if v is not None}
         for pod in plan.creates:
             created = copy.deepcopy(pod)
             created["metadata"]["creationTimestamp"] = self.stamp()

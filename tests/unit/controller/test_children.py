@@ -17,6 +17,7 @@ from elastra.controller.manifests import (
     ANNOTATION_ASSIGNMENT,
     ANNOTATION_RETIRED,
     GANG_GATE,
+    LABEL_LEADER,
     LABEL_WORLD,
 )
 from elastra.controller.observe import PodFacts, format_time
@@ -138,7 +139,8 @@ def test_a_batch_is_created_gated_but_its_last_pod() -> None:
 def test_a_pod_is_patched_until_it_carries_its_assignment() -> None:
     ((name, patch),) = writes([pod(0)]).patches
     wanted = patch["metadata"]["annotations"][ANNOTATION_ASSIGNMENT]
-    assert (name, patch["metadata"]["labels"]) == ("gpt-w0", {LABEL_WORLD: "3"})
+    labels = {LABEL_WORLD: "3", LABEL_LEADER: None}  # None: the merge patch removes it
+    assert (name, patch["metadata"]["labels"]) == ("gpt-w0", labels)
     assert json.loads(wanted)["worldVersion"] == 3
     assert writes([pod(0, assignment=wanted)]).patches == ()
     assert writes([pod(0, TERMINATING)]).patches == ()

@@ -12,7 +12,7 @@ import yaml
 
 from elastra.api import parse_trainingjob
 from elastra.commands.status import render
-from elastra.controller.manifests import ANNOTATION_ASSIGNMENT, GANG_GATE
+from elastra.controller.manifests import ANNOTATION_ASSIGNMENT, GANG_GATE, LABEL_LEADER
 from elastra.controller.passplan import Observation, plan_pass
 from elastra.controller.settings import OperatorSettings
 from elastra.elastic.resize import ResizePolicy
@@ -429,3 +429,24 @@ def test_progress_makes_an_event_only_when_it_clears_a_warning() -> None:
     cluster.nodes += h100s(4)
     admitted = cluster.step()
     assert ("Normal", "Planned") in [(e.type, e.reason) for e in admitted.events]
+
+
+def test_the_leader_label_follows_rank_0_and_costs_no_write_of_its_own() -> None:
+    cluster = FakeCluster(job(), h100s(5), SETTINGS)
+    cluster.converge()
+
+    def leaders() -> list[str]:
+        return [n for n, p in cluster.pods.items() if p["metadata"]["labels"].get(LABEL_LEADER)]
+
+    first = cluster.job.status
+    assert leaders() == [next(p.pod for p in first.placement if p.rank == 0)]
+    cluster.fail(leaders()[0], 75)
+    patched: list[tuple[str, dict[str, Any]]] = []
+    for _ in range(10):
+        plan = cluster.step()
+        cluster.schedule_and_run()
+        patched += plan.patches
+    status = cluster.job.status
+    assert status.world.version > first.world.version
+    assert leaders() == [next(p.pod for p in status.placement if p.rank == 0)]
+    assert all(ANNOTATION_ASSIGNMENT in body["metadata"]["annotations"] for _, body in patched)
