@@ -54,8 +54,8 @@ LABEL_JOB = "elastra.dev/job"
 LABEL_SLOT = "elastra.dev/slot"
 LABEL_WORLD = "elastra.dev/world-version"
 LABEL_LEADER = "elastra.dev/leader"
-"""``"true"`` on the world's rank 0 only: the job's headless Service selects that pod alone, so
-its DNS name resolves and no other pod's change rewrites the Service's EndpointSlices."""
+"""``"true"`` on the world's rank 0 only: the job's headless Service selects that pod alone (its
+DNS name is the master address); written with the assignments, never on its own."""
 ANNOTATION_ASSIGNMENT = "elastra.dev/assignment"
 ANNOTATION_NODE = "elastra.dev/node"
 ANNOTATION_GPU_TYPE = "elastra.dev/gpu-type"
@@ -150,9 +150,11 @@ def owner_reference(job: TrainingJob) -> dict[str, Any]:
 def headless_service(job: TrainingJob) -> dict[str, Any]:
     """The DNS name ``<rank 0's pod>.<job>.<namespace>.svc`` that workers rendezvous at.
 
-    It selects the pod labelled leader only: a Service over every worker made the cluster's
-    endpoint controllers rewrite its Endpoints and EndpointSlices on each worker's start
-    (about ten writes per 8-pod job in ``bench_operator_scale.py``), for names nobody used.
+    It selects the pod labelled leader only, the one name workers resolve: the cluster's
+    endpoint controllers then rewrite the Service's Endpoints and EndpointSlices when rank 0
+    changes, not on every worker's start, restart or exit. (At 8 workers per job the
+    controllers coalesce those updates anyway: ``bench_operator_scale.py`` counted about ten
+    endpoint writes per job either way; a world of hundreds of pods is where it matters.)
     """
     name = job.metadata.name
     return {
