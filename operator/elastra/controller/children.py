@@ -11,9 +11,10 @@ Pure: values in, pod bodies and patches out.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from elastra.api import TrainingJob, TrainingJobStatus
@@ -24,11 +25,12 @@ from elastra.controller.manifests import (
     LABEL_WORLD,
     RankSpec,
     assignment_json,
+    is_gated,
     pod_name,
     worker_pod,
 )
 from elastra.controller.observe import PodFacts, format_time
-from elastra.controller.planning import Placement, assignment_plan
+from elastra.controller.planning import NewPod, Placement, assignment_plan
 from elastra.controller.settings import OperatorSettings
 from elastra.elastic.resize import ResizeDecision
 from elastra.elastic.workers import WorkerState
@@ -75,9 +77,11 @@ class _Writer:
 
     def leader(self, name: str, *, retiring: bool) -> bool:
         """Whether pod ``name`` is the recorded world's rank 0 (labelled for its Service)."""
-        return not retiring and name in self.status.world.ranks and name == self._leader()
+        return not retiring and name in self.status.world.ranks and name == self._leader
 
+    @cached_property
     def _leader(self) -> str:
+        """Rank 0's pod (found once per pass, not once per pod)."""
         status = self.status
         return next((p.pod for p in status.placement if p.rank == 0), status.world.ranks[0])
 
@@ -86,7 +90,7 @@ class _Writer:
         is Ready). Never its IP: a world formed as its pods are created has none to give, and
         an address that changed within a world would cost every member a second write."""
         job = self.job
-        return f"{self._leader()}.{job.metadata.name}.{job.metadata.namespace}.svc"
+        return f"{self._leader}.{job.metadata.name}.{job.metadata.namespace}.svc"
 
 
 def children(
@@ -149,10 +153,7 @@ def _creates(writer: _Writer, placement: Placement, *, count: int) -> tuple[dict
     exists, so it needs no gate (and no second write) to keep the batch all-or-nothing.
     """
     job = writer.job
-    batch = [
-        (pod_name(job.metadata.name, slot), slot, new)
-        for slot, new in zip(free_slots(writer.facts), placement.pods[:count], strict=False)
-    ]
+    batch = planned_pods(job.metadata.name, writer.facts, placement, count=count)
     return tuple(
         worker_pod(
             job,
@@ -169,10 +170,17 @@ def _creates(writer: _Writer, placement: Placement, *, count: int) -> tuple[dict
     )
 
 
-def free_slots(facts: Mapping[str, PodFacts]) -> Iterator[int]:
-    """The slots no pod of the job holds, lowest first: where new pods go, in order."""
+def planned_pods(
+    job: str, facts: Mapping[str, PodFacts], placement: Placement, *, count: int
+) -> list[tuple[str, int, NewPod]]:
+    """Name, slot and place of the first ``count`` placed pods, each in the lowest slot no pod
+    of the job holds: what this pass creates (and, for a first world, records as members)."""
     used = {f.view.slot for f in facts.values()}
-    return (s for s in range(MAX_SLOTS) if s not in used)
+    slots = (s for s in range(MAX_SLOTS) if s not in used)
+    return [
+        (pod_name(job, slot), slot, new)
+        for slot, new in zip(slots, placement.pods[:count], strict=False)
+    ]
 
 
 def _ungate(
@@ -183,5 +191,5 @@ def _ungate(
     failed create), so a batch that fails halfway never holds GPUs, and one that succeeds needs
     no second pass to start."""
     gated = [name for name, f in facts.items() if f.gated and name not in decision.delete]
-    created = [str(p["metadata"]["name"]) for p in creates if p["spec"].get("schedulingGates")]
+    created = [str(p["metadata"]["name"]) for p in creates if is_gated(p)]
     return tuple(sorted([*gated, *created]))

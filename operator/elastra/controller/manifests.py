@@ -33,6 +33,7 @@ them with what exists and sends only the difference. Choices a reader should kno
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,6 +134,12 @@ def assignment_json(
         seed=spec.training.seed,
         stop=stop,
     ).to_json()
+
+
+def is_gated(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod (an object or a body about to be created) is held by the gang gate."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(g.get("name") == GANG_GATE for g in gates)
 
 
 def owner_reference(job: TrainingJob) -> dict[str, Any]:

@@ -21,9 +21,9 @@ from elastra.controller.manifests import (
     ANNOTATION_GPU_TYPE,
     ANNOTATION_NODE,
     ANNOTATION_RETIRED,
-    GANG_GATE,
     LABEL_LEADER,
     LABEL_SLOT,
+    is_gated,
 )
 from elastra.controller.memo import LastOf
 from elastra.elastic.workers import NodeHealth, NodeName, PodName, WorkerView, classify
@@ -114,7 +114,7 @@ def pod_facts(
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
     ready_condition = conditions.get("Ready") or {}
     scheduled = conditions.get("PodScheduled") or {}
-    gated = any(g.get("name") == GANG_GATE for g in spec.get("schedulingGates") or [])
+    gated = is_gated(pod)
     bound_node = spec.get("nodeName")
     node = None if not bound_node else nodes.get(str(bound_node), _MISSING)
     terminated = _terminated(status)

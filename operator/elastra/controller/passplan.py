@@ -43,9 +43,9 @@ from elastra.api import (
 from elastra.controller import admission, lifetime, sharing
 from elastra.controller.admission import Gate, Hold
 from elastra.controller.capacity import cluster_inventory
-from elastra.controller.children import children, free_slots
+from elastra.controller.children import children, planned_pods
 from elastra.controller.conditions import ConditionReason, is_true, merge_conditions, phase_of
-from elastra.controller.manifests import pod_name, selector, worker_pod
+from elastra.controller.manifests import selector, worker_pod
 from elastra.controller.observe import (
     PodFacts,
     WorkerProgress,
@@ -369,10 +369,11 @@ def _joining(ctx: _Pass, decision: ResizeDecision, placement: Placement) -> dict
     gated, on their planned nodes, in the slots ``children`` gives them."""
     if not decision.joins:
         return {}
-    name = ctx.job.metadata.name
     joining: dict[str, PodFacts] = {}
-    for slot, new in zip(free_slots(ctx.facts), placement.pods[: decision.create], strict=False):
-        pod = PodName(pod_name(name, slot))
+    for name, slot, new in planned_pods(
+        ctx.job.metadata.name, ctx.facts, placement, count=decision.create
+    ):
+        pod = PodName(name)
         view = WorkerView(
             pod=pod,
             slot=slot,

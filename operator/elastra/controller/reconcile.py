@@ -27,7 +27,7 @@ from typing import Any
 from elastra.api import TrainingJob, parse_trainingjob
 from elastra.controller import admission, metrics
 from elastra.controller.conditions import ConditionReason
-from elastra.controller.manifests import headless_service, network_policy
+from elastra.controller.manifests import headless_service, is_gated, network_policy
 from elastra.controller.observe import WorkerProgress
 from elastra.controller.passplan import Observation, PassPlan, plan_pass
 from elastra.controller.progress import ProgressReader
@@ -187,8 +187,8 @@ async def _create_children(
     if not plan.creates:
         return
     namespace = raw["metadata"]["namespace"]
-    gated = [p for p in plan.creates if p["spec"].get("schedulingGates")]
-    last = [p for p in plan.creates if not p["spec"].get("schedulingGates")]
+    gated = [p for p in plan.creates if is_gated(p)]
+    last = [p for p in plan.creates if not is_gated(p)]
     await asyncio.gather(
         resources.ensure_service(kube, namespace, service),
         resources.ensure_network_policy(kube, namespace, network_policy(service, settings)),
