@@ -115,6 +115,15 @@ def register(sub: Any) -> None:
         help="delete a worker told to stop after this even if it did not exit",
     )
     parser.add_argument(
+        "--join-timeout-seconds",
+        type=float,
+        default=240.0,
+        metavar="S",
+        help="drop a member of a forming world that has not started this long after a running "
+        "member began waiting for it (default 240; keep it below the workers' rendezvous "
+        "timeout, 300)",
+    )
+    parser.add_argument(
         "--lease-namespace",
         help="namespace of the elastra-operator Lease (default: $POD_NAMESPACE, else the "
         "kubeconfig's namespace); only the Lease holder writes",
@@ -246,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
             pending_grace=timedelta(seconds=args.pending_grace_seconds),
             cooldown=timedelta(seconds=args.cooldown_seconds),
             retire_timeout=timedelta(seconds=args.retire_timeout_seconds),
+            join_timeout=timedelta(seconds=args.join_timeout_seconds),
         ),
         network_policy=args.network_policy,
         metrics_peers=metrics_peers(args, os.environ.get("POD_NAMESPACE")),

@@ -76,7 +76,7 @@ from elastra.errors import UserError
 
 JsonDict = Mapping[str, Any]
 MAX_RESIZE_HISTORY = 20
-FAILURE_REASONS = (Reason.WORKER_FAILED, Reason.WORKER_LOST)
+FAILURE_REASONS = (Reason.WORKER_FAILED, Reason.WORKER_LOST, Reason.JOIN_TIMED_OUT)
 
 
 @dataclass(frozen=True)

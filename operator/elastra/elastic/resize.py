@@ -16,6 +16,10 @@ The shape of the protocol it drives (docs/architecture.md, "Assignment protocol"
   changes, and the version only grows.
 - Broken workers (failed, lost, terminating) are dropped at once, after a short settle window
   that folds a burst of failures (a rack going away) into one resize.
+- A member that was placed but does not start (an image that cannot be pulled, a volume that
+  does not mount) is dropped once a running member of its world has waited ``join_timeout``
+  for it, before that member's rendezvous gives up. While no member runs, nobody waits and the
+  world keeps waiting too (a slow image pull on every node is not a failure).
 - Shrinking is immediate; growing waits for the new pods to be Ready, for a cooldown since
   the last resize, and for the predicted gain to beat the restart cost.
 - Never above the desired size, never below ``minimum``: with fewer healthy pods the job
@@ -45,6 +49,7 @@ class Reason(StrEnum):
     SUSPENDED = "Suspended"
     COMPLETED = "Completed"
     RELOCATED = "Relocated"
+    JOIN_TIMED_OUT = "JoinTimedOut"
     STEADY = "Steady"
 
 
@@ -60,6 +65,10 @@ class ResizePolicy:
     """No growth within this time of the previous resize."""
     retire_timeout: timedelta = timedelta(seconds=120)
     """A pod told to checkpoint and stop is deleted after this even if it did not exit."""
+    join_timeout: timedelta = timedelta(seconds=240)
+    """A member still starting this long after a running member of its world began waiting
+    for it is dropped: below the workers' rendezvous timeout (300 s), so the running members
+    move to a world without it instead of timing out and failing."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +195,9 @@ def _decide(inp: ResizeInput, policy: ResizePolicy) -> ResizeDecision:
 
     broken = [w for w in members if w.broken]
     gone = [p for p in inp.world if p not in {w.pod for w in inp.workers}]
+    late = _late_joiners(inp, members, policy) if not broken and not gone else []
+    if late:
+        return _with_deletes(_drop_late(inp, policy, workers, late), done_retiring)
     if broken or gone:
         latest = max((w.since for w in broken), default=inp.now - policy.settle)
         if inp.now - latest < policy.settle:
@@ -253,6 +265,9 @@ def _steady_or_resize(
         )
     starting = [w for w in in_world if not w.healthy]
     if starting:
+        join_left = _join_deadline(inp, in_world, policy)
+        if join_left is not None:
+            recheck.append(join_left - inp.now)
         return _keep(
             f"world forming: {len(in_world) - len(starting)} of {len(in_world)} workers running",
             create=create,
@@ -401,6 +416,64 @@ def _reform_without_broken(
         reason=reason,
         message=f"dropped {_listing(names)}; continuing on {len(pods)} workers",
         delete=dead,
+    )
+
+
+def _join_deadline(
+    inp: ResizeInput, members: list[WorkerView], policy: ResizePolicy
+) -> datetime | None:
+    """When the first running member's rendezvous wait runs out of patience, if one runs.
+
+    A member waits from when it turned Ready or from when the world was recorded, whichever is
+    later (a world re-formed around a still-starting member starts a new rendezvous)."""
+    waits = [
+        w.since if inp.last_resize is None else max(w.since, inp.last_resize)
+        for w in members
+        if w.healthy
+    ]
+    return min(waits) + policy.join_timeout if waits else None
+
+
+def _late_joiners(
+    inp: ResizeInput, members: list[WorkerView], policy: ResizePolicy
+) -> list[WorkerView]:
+    """Members still starting when a running member has waited ``join_timeout`` for them."""
+    deadline = _join_deadline(inp, members, policy)
+    if deadline is None or inp.now < deadline:
+        return []
+    return [w for w in members if w.state.waiting]
+
+
+def _drop_late(
+    inp: ResizeInput, policy: ResizePolicy, workers: list[WorkerView], late: list[WorkerView]
+) -> ResizeDecision:
+    """Form a world without the members that did not start, and delete them.
+
+    Their replacements come as standby pods, which join only once Ready."""
+    names = sorted(w.pod for w in late)
+    dropped = frozenset(names)
+    ordered = sorted(workers, key=lambda w: w.slot)
+    members = [w.pod for w in ordered if w.pod in set(inp.world) and w.pod not in dropped]
+    standby = [w.pod for w in ordered if w.pod not in set(inp.world) and w.healthy]
+    pods = tuple((members + standby)[: inp.desired])
+    waited = policy.join_timeout.total_seconds()
+    why = f"{_listing(names)} did not start while the world waited {waited:.0f}s for it"
+    if len(pods) < inp.minimum:
+        return ResizeDecision(
+            world=(),
+            reason=Reason.JOIN_TIMED_OUT,
+            message=(
+                f"{why}; {len(pods)} left, below minReplicas {inp.minimum}: "
+                "waiting for capacity, checkpoints kept"
+            ),
+            delete=dropped,
+            degraded=True,
+        )
+    return ResizeDecision(
+        world=pods,
+        reason=Reason.JOIN_TIMED_OUT,
+        message=f"{why}; continuing on {len(pods)} workers",
+        delete=dropped,
     )
 
 

@@ -52,7 +52,8 @@ class OperatorProcess:
             f"--toleration={KWOK_TOLERATION}",
             "--metrics-port=0", "--health-port=0",
             "--resync-seconds=5", "--settle-seconds=2", "--pending-grace-seconds=10",
-            "--cooldown-seconds=0", "--retire-timeout-seconds=10", "--grace-seconds=5",
+            "--join-timeout-seconds=20", "--cooldown-seconds=0", "--retire-timeout-seconds=10",
+            "--grace-seconds=5",
             "--verbose", *self.extra_args,
         ]  # fmt: skip
         self.lines = []
@@ -168,9 +169,14 @@ class NodePool:
     namespace: str
     names: list[str] = field(default_factory=list)
 
-    def add(self, count: int, *, product: str = "NVIDIA-H200", gpus: int = 8) -> list[str]:
-        """Create ``count`` more Ready fake nodes; returns their names."""
-        tag = f"{self.namespace}-{len(self.names)}"
+    def add(
+        self, count: int, *, product: str = "NVIDIA-H200", gpus: int = 8, suffix: str = ""
+    ) -> list[str]:
+        """Create ``count`` more Ready fake nodes; returns their names.
+
+        ``suffix`` ends their prefix: ``image-pull-fails`` makes kwok hold their pods in
+        ImagePullBackOff (e2e/cluster/kwok-stages.yaml)."""
+        tag = f"{self.namespace}-{len(self.names)}" + (f"-{suffix}" if suffix else "")
         fleet = parse_fleet(
             {
                 "kind": "Fleet",

@@ -21,6 +21,7 @@ from tests.integration.conftest import Cluster
 from tests.integration.operator.conftest import (
     EXAMPLES,
     Jobs,
+    NodePool,
     OperatorProcess,
     gpu_job,
     http_get,
@@ -354,3 +355,41 @@ def test_a_batch_refused_halfway_holds_nothing_and_starts_once_it_fits(
         cluster.kubectl("delete", "resourcequota", "two-more-pods", "-n", namespace)
     status = jobs.wait_phase("halfway", "Running", timeout=120)
     assert world(status)["replicas"] == 3 and world(status)["version"] == 1
+
+
+def test_a_member_that_never_starts_is_dropped_before_the_others_give_up(
+    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+) -> None:
+    """One pod of a first world lands where its image never pulls (kwok holds it in
+    ImagePullBackOff) while the other two run: once they have waited the join timeout (20 s
+    here, 240 s by default: below the workers' 300 s rendezvous), the world re-forms without
+    it, so the running members move on instead of timing out in their rendezvous."""
+    pool.add(2)
+    (bad_node,) = pool.add(1, suffix="image-pull-fails")
+    jobs.apply(h200_job("pull", replicas=3))
+    first = jobs.wait(
+        "a world of 3", lambda: world(s := jobs.status("pull")).get("replicas") == 3 and s
+    )
+    (stuck,) = [p["pod"] for p in first["placement"] if p["node"] == bad_node]
+    (uid,) = [p["metadata"]["uid"] for p in jobs.pods("pull") if p["metadata"]["name"] == stuck]
+    reformed = jobs.wait(
+        "the world re-formed without the member that never started",
+        lambda: (
+            (s := jobs.status("pull")).get("resizes", [{}])[-1].get("reason") == "JoinTimedOut"
+            and s
+        ),
+        timeout=120,
+    )
+    assert world(reformed)["replicas"] == 2 and stuck not in world(reformed)["ranks"]
+    assert world(reformed)["version"] == world(first)["version"] + 1
+    assert reformed["restarts"] == 1, "a member that cannot start counts toward maxRestarts"
+    warnings = [e for e in jobs.events("pull") if e["reason"] == "JoinTimedOut"]
+    assert warnings and warnings[0]["type"] == "Warning" and stuck in warnings[0]["message"]
+    jobs.wait(
+        f"{stuck} deleted (its replacement, if any, is a new pod of the same slot)",
+        lambda: all(
+            p["metadata"]["uid"] != uid or p["metadata"].get("deletionTimestamp")
+            for p in jobs.pods("pull")
+        ),
+    )
+    assert jobs.wait_phase("pull", "Running")["world"]["replicas"] == 2

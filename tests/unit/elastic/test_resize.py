@@ -24,6 +24,7 @@ POLICY = ResizePolicy(
     pending_grace=timedelta(seconds=30),
     cooldown=timedelta(seconds=20),
     retire_timeout=timedelta(seconds=60),
+    join_timeout=timedelta(seconds=90),
 )
 
 
@@ -95,7 +96,12 @@ def test_fresh_job_below_minimum_waits_degraded() -> None:
 
 
 def test_a_first_world_takes_starting_pods_and_waits_for_them_to_run() -> None:
-    starting = [worker(0), worker(1, WorkerState.GATED), worker(2, WorkerState.PENDING)]
+    running_since = T0 + timedelta(minutes=4, seconds=50)
+    starting = [
+        worker(0, since=running_since),
+        worker(1, WorkerState.GATED),
+        worker(2, WorkerState.PENDING),
+    ]
     formed = run(starting, desired=3, placeable=0)
     assert formed.world == world(0, 1, 2) and not formed.joins
     assert formed.reason is Reason.INITIAL
@@ -109,6 +115,57 @@ def test_a_starting_world_that_loses_a_member_keeps_the_members_still_starting()
     d = run(starting, desired=3, current=world(0, 1, 2), now=T0 + timedelta(minutes=5))
     assert d.world == world(0, 2) and d.reason is Reason.WORKER_LOST
     assert d.delete == {pod(1)}
+
+
+def test_a_member_that_never_starts_is_dropped_before_its_peers_rendezvous_gives_up() -> None:
+    formed = T0 + timedelta(seconds=5)
+    workers = [
+        worker(0, since=formed + timedelta(seconds=10)),
+        worker(1, since=formed + timedelta(seconds=20)),
+        worker(2, WorkerState.PENDING, since=formed),  # placed, its image never pulls
+    ]
+    waiting = run(
+        workers,
+        desired=3,
+        current=world(0, 1, 2),
+        last_resize=formed,
+        now=formed + timedelta(seconds=99),
+    )
+    assert waiting.world is None and "2 of 3 workers running" in waiting.message
+    assert waiting.recheck_after == timedelta(seconds=1), "looks again when 0 has waited 90 s"
+    dropped = run(
+        workers,
+        desired=3,
+        current=world(0, 1, 2),
+        last_resize=formed,
+        now=formed + timedelta(seconds=100),
+    )
+    assert dropped.world == world(0, 1) and dropped.reason is Reason.JOIN_TIMED_OUT
+    assert dropped.delete == {pod(2)}
+    assert "job-w2 did not start while the world waited 90s" in dropped.message
+
+
+def test_a_world_where_no_member_runs_yet_keeps_waiting() -> None:
+    slow = [worker(i, WorkerState.PENDING, since=T0) for i in range(3)]
+    d = run(slow, desired=3, current=world(0, 1, 2), last_resize=T0, now=T0 + timedelta(hours=1))
+    assert d.world is None and not d.delete, "a slow pull on every node is not a failure"
+
+
+def test_a_reformed_world_waits_from_its_formation_not_from_when_members_turned_ready() -> None:
+    reformed = T0 + timedelta(minutes=30)
+    workers = [worker(0, since=T0), worker(1, WorkerState.PENDING, since=T0)]
+    before, at = reformed + timedelta(seconds=60), reformed + timedelta(seconds=90)
+    kept = run(workers, desired=2, current=world(0, 1), last_resize=reformed, now=before)
+    assert kept.world is None
+    late = run(workers, desired=2, current=world(0, 1), last_resize=reformed, now=at)
+    assert late.world == world(0) and late.delete == {pod(1)}
+
+
+def test_dropping_late_members_below_minimum_stops_the_world_and_keeps_checkpoints() -> None:
+    workers = [worker(0), worker(1, WorkerState.PENDING), worker(2, WorkerState.PENDING)]
+    d = run(workers, desired=3, minimum=2, current=world(0, 1, 2), last_resize=T0)
+    assert d.world == () and d.degraded and d.reason is Reason.JOIN_TIMED_OUT
+    assert d.delete == {pod(1), pod(2)} and "below minReplicas 2" in d.message
 
 
 def test_running_world_takes_only_ready_pods() -> None:
