@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastra.controller.manifests import ANNOTATION_NODE, LABEL_JOB
-from elastra.controller.memo import LastOf, PerObject
+from elastra.controller.memo import LastOf, LastOfAll, PerObject
 from elastra.errors import UserError
 from elastra.planner import Inventory, parse_inventory
 from elastra.planner.inventory import ExcludedNode, NodeCapacity, NodeName, pod_usage
@@ -37,44 +37,71 @@ def cluster_inventory(
     their ``elastra.dev/node`` annotation, so two jobs never plan onto the same free GPUs.
     ``extra`` are pods being created that no listing shows yet (the operator's reservations).
 
-    Listings passed as tuples are parsed once per listing (see the module docstring); lists,
-    which callers may change, are parsed every time.
+    Listings passed as tuples are parsed once per listing (see the module docstring), and so
+    is the capacity every listed pod leaves; a pass then only gives back its own job's pods
+    and takes the reservations' (a few nodes, not the thousand). Lists, which callers may
+    change, are parsed every time.
     """
     base = _NODES.get(nodes, _parse_nodes)
-    used_gpus, used_cpu = _held(_USAGE.get(pods, _usage_by_job), own_job=own_job, extra=extra)
-    return Inventory(
-        nodes=tuple(
-            dataclasses.replace(
-                n,
-                free_gpus=max(0, n.free_gpus - used_gpus.get(n.name, 0)),
-                free_cpu_millis=max(0, n.free_cpu_millis - used_cpu.get(n.name, 0)),
+    usage = _USAGE.get(pods, _usage_by_job)
+    left = _LEFT.get((base, usage), lambda: _Left.of(base, usage))
+    changes = _changes(usage, own_job=own_job, extra=extra)
+    if not changes:
+        return left.inventory
+    adjusted = list(left.inventory.nodes)
+    for name, (gpus, cpu) in changes.items():
+        at = left.index.get(name)
+        if at is not None:
+            adjusted[at] = _less(
+                base.nodes[at], usage.gpus.get(name, 0) + gpus, usage.cpu.get(name, 0) + cpu
             )
-            if used_gpus.get(n.name) or used_cpu.get(n.name)
-            else n
-            for n in base.nodes
-        ),
-        excluded=base.excluded,
+    return Inventory(nodes=tuple(adjusted), excluded=base.excluded)
+
+
+@dataclass(frozen=True)
+class _Left:
+    """The capacity every listed pod leaves, and where each node is in it."""
+
+    inventory: Inventory
+    index: Mapping[str, int]
+
+    @classmethod
+    def of(cls, base: Inventory, usage: _Usage) -> _Left:
+        nodes = tuple(
+            _less(n, usage.gpus.get(n.name, 0), usage.cpu.get(n.name, 0)) for n in base.nodes
+        )
+        return cls(
+            inventory=Inventory(nodes=nodes, excluded=base.excluded),
+            index={n.name: i for i, n in enumerate(base.nodes)},
+        )
+
+
+def _less(node: NodeCapacity, gpus: int, cpu: int) -> NodeCapacity:
+    """``node`` with ``gpus`` GPUs and ``cpu`` millicores taken."""
+    if not gpus and not cpu:
+        return node
+    return dataclasses.replace(
+        node,
+        free_gpus=max(0, node.free_gpus - gpus),
+        free_cpu_millis=max(0, node.free_cpu_millis - cpu),
     )
 
 
-def _held(
+def _changes(
     usage: _Usage, *, own_job: str | None, extra: Sequence[JsonDict]
-) -> tuple[dict[str, int], dict[str, int]]:
-    """GPUs and CPU held per node by the listed pods and ``extra``, less ``own_job``'s."""
-    used_gpus = dict(usage.gpus)
-    used_cpu = dict(usage.cpu)
+) -> dict[str, tuple[int, int]]:
+    """GPUs and CPU per node to add to the listed pods' usage: ``own_job``'s pods given back
+    (negative), ``extra`` (reservations of other jobs) taken."""
+    changes: dict[str, tuple[int, int]] = {}
     own = usage.by_job.get(own_job, {}) if own_job else {}
     for node, (gpus, cpu) in own.items():
-        used_gpus[node] -= gpus
-        used_cpu[node] -= cpu
-    for pod in extra:
-        if own_job and _labels(pod).get(LABEL_JOB) == own_job:
+        changes[node] = (-gpus, -cpu)
+    for pod, (node, gpus, cpu) in zip(extra, _EXTRA_USAGE.map(extra), strict=True):
+        if not node or (own_job and _labels(pod).get(LABEL_JOB) == own_job):
             continue
-        node, gpus, cpu = _usage_of(pod)
-        if node:
-            used_gpus[node] = used_gpus.get(node, 0) + gpus
-            used_cpu[node] = used_cpu.get(node, 0) + cpu
-    return used_gpus, used_cpu
+        before = changes.get(node, (0, 0))
+        changes[node] = (before[0] + gpus, before[1] + cpu)
+    return changes
 
 
 @dataclass(frozen=True)
@@ -127,6 +154,9 @@ _NODES: LastOf[Sequence[JsonDict], Inventory] = LastOf()
 _USAGE: LastOf[Sequence[JsonDict], _Usage] = LastOf()
 _POD_USAGE: PerObject[JsonDict, tuple[str, int, int]] = PerObject(_usage_of)
 """A new listing mostly holds the pods of the last one: their quantities are parsed once."""
+_EXTRA_USAGE: PerObject[JsonDict, tuple[str, int, int]] = PerObject(_usage_of)
+"""The same for the reservations, which every pass reads and which change slowly."""
+_LEFT: LastOfAll[_Left] = LastOfAll()
 
 
 def _inventory_node_by_node(nodes: Sequence[JsonDict]) -> Inventory:

@@ -34,6 +34,27 @@ class LastOf(Generic[K, V]):
         return self._value
 
 
+class LastOfAll(Generic[V]):
+    """A one-entry cache keyed by the identities of several values (each held, as above).
+
+    For a value derived from two cached ones (the capacity left from the parsed nodes and the
+    pods' usage): reused while both are the very objects of last time."""
+
+    def __init__(self) -> None:
+        self._keys: tuple[object, ...] = ()
+        self._value: V | None = None
+
+    def get(self, keys: tuple[object, ...], compute: Callable[[], V]) -> V:
+        """``compute()``, reused while every one of ``keys`` is the object of last time."""
+        same = len(keys) == len(self._keys) and all(
+            a is b for a, b in zip(keys, self._keys, strict=True)
+        )
+        if not same or self._value is None:
+            self._value = compute()
+            self._keys = keys
+        return self._value
+
+
 class PerObject(Generic[K, V]):
     """``compute`` of each object of a listing, kept while the next listing holds the same
     object (informers replace an object on change, never edit it in place).

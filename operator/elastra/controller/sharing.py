@@ -44,23 +44,23 @@ def desired(
     ``decide``'s concern (``placeable``), and starting from a smaller planned size here would
     make a job that is short of capacity also give GPUs away it never asked to give.
     """
+    key = f"{job.metadata.namespace}/{job.metadata.name}"
+    claims = [c for c in _CLAIMS.get(jobs, _PER_JOB.map) if c is not None and c.key != key]
+    if not any(c.starved for c in claims):
+        return job.spec.replicas  # nobody waits for GPUs: nothing to give (most passes)
     # Terminating pods count (``holds_gpus``): before, a donor whose donated pod was still
     # shutting down gave a second one in that moment.
     held = sum(1 for f in facts.values() if f.view.state.holds_gpus)
     placed = {p.gpu_type for p in job.status.placement if p.gpu_type}
     me = Claim(
-        key=f"{job.metadata.namespace}/{job.metadata.name}",
+        key=key,
         minimum=job.spec.min_replicas,
         held=held,
         starved=_starved(job.status.model_dump(by_alias=True), job.spec.suspend),
         gpu_types=frozenset(placed or job.spec.worker.gpu_types),
     )
     counts = _LIVE_PODS.get(cluster_pods, _live_pods) + _counted(map(_live_job, reserved))
-    others = [
-        dataclasses.replace(claim, held=counts.get(claim.key, 0))
-        for claim in _CLAIMS.get(jobs, _PER_JOB.map)
-        if claim is not None and claim.key != me.key
-    ]
+    others = [dataclasses.replace(claim, held=counts.get(claim.key, 0)) for claim in claims]
     return shared_desired(me, others, desired=job.spec.replicas, free=free, compatible=compatible)
 
 

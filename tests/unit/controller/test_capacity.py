@@ -74,3 +74,32 @@ def test_a_listing_passed_as_tuples_is_parsed_once_and_lists_every_time() -> Non
     assert cluster_inventory(nodes, ()).nodes[0] is first.nodes[0]
     again = cluster_inventory(list(nodes), [])
     assert again == first and again.nodes[0] is not first.nodes[0]
+
+
+def pod_on(name: str, job: str, node_name: str, gpus: int) -> dict[str, Any]:
+    pod = bound_pod(name, job, gpus=gpus)
+    pod["spec"]["nodeName"] = node_name
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("own_job", "free"),
+    [
+        (None, {"n1": 2, "n2": 4, "n3": 7}),
+        ("a", {"n1": 8, "n2": 8, "n3": 7}),  # a's pods given back, b's reservation taken
+        ("b", {"n1": 2, "n2": 4, "n3": 8}),  # its own reservation is not counted
+    ],
+)
+def test_each_pass_adjusts_only_its_own_nodes_of_the_capacity_shared_by_all(
+    own_job: str | None, free: dict[str, int]
+) -> None:
+    nodes = tuple(node(f"n{i}", gpus=8) for i in (1, 2, 3))
+    pods = (pod_on("a-w0", "a", "n1", 6), pod_on("a-w1", "a", "n2", 4))
+    reserved = [gated_pod("b-w0", "b", node_name="n3", gpus=1)]
+    everyone = cluster_inventory(nodes, pods)
+    inventory = cluster_inventory(nodes, pods, own_job=own_job, extra=reserved)
+    assert {n.name: n.free_gpus for n in inventory.nodes} == free
+    untouched = [n for n, before in zip(inventory.nodes, everyone.nodes, strict=True)
+                 if n.free_gpus == before.free_gpus]  # fmt: skip
+    assert all(n in everyone.nodes for n in untouched)
+    assert cluster_inventory(nodes, pods).nodes[2] is everyone.nodes[2], "shared, not rebuilt"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from elastra.controller.memo import LastOf, PerObject
+from elastra.controller.memo import LastOf, LastOfAll, PerObject
 
 
 def test_last_of_computes_again_only_for_a_new_tuple() -> None:
@@ -50,3 +50,19 @@ def test_per_object_tells_an_equal_new_object_from_the_one_it_holds() -> None:
     kept = memo.map([first])[0]
     again = memo.map([{"phase": "Running"}])[0]
     assert kept == again and kept is not again
+
+
+def test_last_of_all_computes_again_when_any_key_is_another_object() -> None:
+    memo: LastOfAll[int] = LastOfAll()
+    calls = 0
+
+    def compute() -> int:
+        nonlocal calls
+        calls += 1
+        return calls
+
+    a, b = tuple([1]), tuple([2])
+    assert memo.get((a, b), compute) == 1
+    assert memo.get((a, b), compute) == 1
+    assert memo.get((a, tuple([2])), compute) == 2, "an equal but new object is a new key"
+    assert memo.get((a,), compute) == 3
