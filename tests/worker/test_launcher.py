@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from elastra_worker import exitcodes
+from elastra_worker.assignment import Plan, RankCoord, parse_assignment
 from elastra_worker.launcher import _Pod
 
 from .conftest import quiet_env, wait_for
@@ -72,30 +73,38 @@ def py(code: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(code)]
 
 
+def read_plan(plan: dict[str, Any], world_size: int, *, global_batch: int) -> Plan:
+    """A recorded ``plan`` as the trainer read it (what the wire leaves out filled in)."""
+    wire = {"job": "t", "worldVersion": 1, "worldSize": world_size, "masterAddr": "m",
+            "masterPort": 1, "rank": 0, "plan": plan, "globalBatchSize": global_batch,
+            "checkpoint": {"path": "/ckpt"}}  # fmt: skip
+    return parse_assignment(wire).plan
+
+
 def test_plans_change_at_steps_each_a_new_world_version(tmp_path: Path) -> None:
     schedule = "4:0,4:3:tp=2,4:6:pp=2/mb=1,8:9:tp=2/pp=2/sharding=full,2:12"
     proc, records, _ = launch(tmp_path, schedule, py(FAKE_SESSION), extra=["--steps", "15"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["step"] for r in records] == list(range(15))
+    plans = [read_plan(r["plan"], r["worldSize"], global_batch=32) for r in records[::3]]
     got = [
-        (r["worldSize"], r["plan"]["dp"], r["plan"]["tp"], r["plan"]["pp"],
-         r["plan"]["microBatchSize"], r["plan"]["sharding"], r["plan"]["batchShares"])
-        for r in records[::3]
-    ]  # fmt: skip
+        (r["worldSize"], p.dp, p.tp, p.pp, p.micro_batch_size, p.sharding, p.batch_shares)
+        for r, p in zip(records[::3], plans, strict=True)
+    ]
     assert got == [
-        (4, 4, 1, 1, 2, "none", [8, 8, 8, 8]),
-        (4, 2, 2, 1, 2, "none", [16, 16]),
-        (4, 2, 1, 2, 1, "none", [16, 16]),
-        (8, 2, 2, 2, 2, "full", [16, 16]),
-        (2, 2, 1, 1, 2, "none", [16, 16]),
+        (4, 4, 1, 1, 2, "none", (8, 8, 8, 8)),
+        (4, 2, 2, 1, 2, "none", (16, 16)),
+        (4, 2, 1, 2, 1, "none", (16, 16)),
+        (8, 2, 2, 2, 2, "full", (16, 16)),
+        (2, 2, 1, 1, 2, "none", (16, 16)),
     ]
     # Each plan is a world version of its own, the same size included; a world that had to be
     # formed again (a busy machine) adds a version, never reuses one.
     versions = [r["worldVersion"] for r in records[::3]]
     assert versions == sorted(set(versions)), versions
-    wide = records[9]["plan"]
-    assert wide["schedule"] == "1f1b" and wide["virtualStages"] == 1 and wide["stages"] == []
-    assert wide["ranks"][5] == {"rank": 5, "dpRank": 1, "tpRank": 1, "ppStage": 0}
+    wide = plans[3]
+    assert wide.schedule == "1f1b" and wide.virtual_stages == 1 and wide.stages == ()
+    assert wide.coord(5) == RankCoord(rank=5, dp_rank=1, tp_rank=1, pp_stage=0)
 
 
 def test_a_world_ended_by_a_time_still_stops_at_the_next_step_point(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from elastra.controller import metrics
 from elastra.kube import resources
 from elastra.kube.client import ApiError, ConflictError, Kube
 
@@ -124,6 +125,7 @@ class LeaderElector:
         if not self.leading:
             return
         self.leading = False
+        metrics.LEADER.set(0)
         lease = await resources.get_lease(self.kube, self.namespace, LEASE_NAME)
         if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.me:
             return
@@ -147,3 +149,4 @@ class LeaderElector:
             log.info("lease %s/%s: %s", self.namespace, LEASE_NAME,
                      "acquired, reconciling" if leading else "not held, standing by")  # fmt: skip
         self.leading = leading
+        metrics.LEADER.set(1 if leading else 0)

@@ -22,6 +22,10 @@ RECONCILE_SECONDS = Histogram(
 PODS_CREATED = Counter("elastra_pods_created_total", "Worker pods created (placements)")
 RESIZES = Counter("elastra_resizes_total", "New world versions formed", ["reason"])
 RESTARTS = Gauge("elastra_job_restarts", "Failure-driven restarts per job", ["namespace", "job"])
+LEADER = Gauge("elastra_leader", "1 while this operator holds the Lease and may write")
+SYNCED = Gauge(
+    "elastra_caches_synced", "1 once the node, pod and TrainingJob caches have their first list"
+)
 
 _phases: dict[tuple[str, str], str] = {}
 

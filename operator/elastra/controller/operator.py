@@ -28,6 +28,7 @@ from typing import Any
 import kopf
 from prometheus_client import start_http_server
 
+from elastra.controller import metrics
 from elastra.controller.handlers import Runtime, register
 from elastra.controller.leader import LeaderElector, identity
 from elastra.controller.progress import ProgressReader
@@ -56,6 +57,12 @@ class RunOptions:
     """Create that Lease if missing (``False``: the Helm chart owns it)."""
     json_logs: bool = True
     verbose: bool = False
+
+
+async def _tell_synced(snapshot: ClusterSnapshot) -> None:
+    """Set ``elastra_caches_synced`` once every informer has its first list."""
+    await snapshot.wait_synced()
+    metrics.SYNCED.set(1)
 
 
 def run(options: RunOptions, *, stop: asyncio.Event | None = None) -> None:
@@ -91,6 +98,7 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
     informing = [
         asyncio.create_task(i.run(), name=f"informer {i.path}") for i in snapshot.informers
     ]
+    informing.append(asyncio.create_task(_tell_synced(snapshot), name="caches synced"))
     registry = kopf.OperatorRegistry()
     register(registry)
     _register_login(registry, options.connection)

@@ -46,13 +46,11 @@ from elastra_worker.assignment import (
     RECOMPUTES,
     SCHEDULES,
     SHARDINGS,
-    default_coords,
     split_layers,
 )
 from elastra_worker.assignment import Plan as WorkerPlan
 
 __all__ = [
-    "MAX_LISTED_RANKS",
     "JobPlanner",
     "NewPod",
     "Placement",
@@ -68,10 +66,6 @@ __all__ = [
 ]
 
 Choice = TypeVar("Choice", bound=str)
-MAX_LISTED_RANKS = 2048
-"""Worlds up to this many ranks list every rank's coordinates in the assignment (about 57
-bytes each); larger ones leave the list empty, which the worker reads as the same default
-order, so the annotation stays far below Kubernetes' 256 KiB limit."""
 
 
 @dataclass(frozen=True)
@@ -404,12 +398,12 @@ def assignment_plan(recorded: PlanStatus, job: TrainingJob) -> WorkerPlan:
 
     Equal to ``worker_plan`` of the planner's plan that ``plan_status`` recorded: the planner
     numbers ranks in the default order (``elastra.planner.placement``) and splits layers with
-    ``split_layers``, so the record needs neither list. (Above ``MAX_LISTED_RANKS`` ranks the
-    rank list is left out: the worker's default for an empty list is the same order.)
+    ``split_layers``, so the record needs neither list. The assignment leaves the rank list
+    out (the worker reads an empty one as that same order): listing 64 ranks made 4 KB of
+    every pod, which every watcher of pods receives on each change.
     """
     layers = job.spec.model.layers if job.spec.model is not None else 0
     stages = recorded.pp * recorded.virtual_stages
-    listed = recorded.dp * recorded.tp * recorded.pp <= MAX_LISTED_RANKS
     return WorkerPlan(
         dp=recorded.dp,
         tp=recorded.tp,
@@ -420,7 +414,7 @@ def assignment_plan(recorded: PlanStatus, job: TrainingJob) -> WorkerPlan:
         schedule=_literal(recorded.schedule, SCHEDULES),
         sharding=_literal(recorded.sharding, SHARDINGS),
         recompute=_literal(recorded.recompute, RECOMPUTES),
-        ranks=default_coords(recorded.dp, recorded.tp, recorded.pp) if listed else (),
+        ranks=(),
         stages=split_layers(layers, stages) if layers else (),
     )
 

@@ -23,7 +23,13 @@ from elastra.planner.inventory import NodeName
 from elastra.planner.job import Recompute, Sharding
 from elastra.planner.perfmodel import StepPrediction
 from elastra_worker.assignment import Plan as WorkerPlan
-from elastra_worker.assignment import RankCoord, StageLayers, default_schedule, plan_to_wire
+from elastra_worker.assignment import (
+    RankCoord,
+    StageLayers,
+    default_coords,
+    default_schedule,
+    plan_to_wire,
+)
 
 
 @dataclass(frozen=True)
@@ -155,7 +161,10 @@ def worker_plan(plan: Plan) -> WorkerPlan:
     """The plan as the worker's assignment carries it: everything to build the placed layout.
 
     The one place a planner plan becomes the worker's contract (see the module docstring).
+    Ranks in the default order are left out (``ranks`` empty means that order to the worker):
+    the assignment rides in every pod's annotation, and for 64 ranks the list was 4 KB.
     """
+    ranks = tuple(RankCoord(r.rank, r.dp_rank, r.tp_rank, r.pp_stage) for r in plan.ranks)
     return WorkerPlan(
         dp=plan.dp,
         tp=plan.tp,
@@ -166,7 +175,7 @@ def worker_plan(plan: Plan) -> WorkerPlan:
         schedule=default_schedule(plan.pp, plan.interleave),
         sharding=plan.sharding,
         recompute=plan.recompute,
-        ranks=tuple(RankCoord(r.rank, r.dp_rank, r.tp_rank, r.pp_stage) for r in plan.ranks),
+        ranks=() if ranks == default_coords(plan.dp, plan.tp, plan.pp) else ranks,
         stages=plan.stages,
     )
 

@@ -311,6 +311,7 @@ def test_metrics_and_liveness_endpoints(
             "elastra_job_restarts",
         ):
             assert name in text, name
+        assert "elastra_leader 1.0" in text and "elastra_caches_synced 1.0" in text
     finally:
         proc.stop()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,6 @@ from elastra.controller.capacity import cluster_inventory
 from elastra.controller.manifests import ANNOTATION_ASSIGNMENT, RankSpec, assignment_json
 from elastra.controller.observe import PodFacts
 from elastra.controller.planning import (
-    MAX_LISTED_RANKS,
     JobPlanner,
     Placement,
     assignment_plan,
@@ -36,7 +36,7 @@ from elastra.controller.planning import (
 from elastra.controller.settings import OperatorSettings
 from elastra.elastic.workers import NodeName, PodName, WorkerState, WorkerView
 from elastra.errors import UserError
-from elastra_worker.assignment import default_coords, parse_assignment
+from elastra_worker.assignment import default_coords, parse_assignment, plan_to_wire
 from tests.unit.controller.fakecluster import FakeCluster, gpt_job, node
 from tests.unit.controller.test_passplan import SETTINGS, assignment
 
@@ -114,24 +114,28 @@ def test_assignment_plan_is_what_elastra_plan_prints(
     assert cluster.job.status.world.replicas == len(products)
     for pod in cluster.pods.values():
         wire = json.loads(pod["metadata"]["annotations"][ANNOTATION_ASSIGNMENT])
-        assert wire["plan"] == expected
-        parse_assignment(wire)  # and the worker accepts it
+        plan = parse_assignment(wire).plan  # as the worker reads it, defaults filled in
+        size = plan.dp * plan.tp * plan.pp
+        read = {
+            **plan_to_wire(plan),
+            "ranks": [plan_to_wire(replace(plan, ranks=(plan.coord(r),)))["ranks"][0]
+                      for r in range(size)],
+        }  # fmt: skip
+        assert read == expected
 
 
-@pytest.mark.parametrize(
-    ("dp", "listed"), [(MAX_LISTED_RANKS // 8, True), (MAX_LISTED_RANKS // 8 + 1, False)]
-)
-def test_large_worlds_leave_the_rank_list_to_the_default_order(dp: int, listed: bool) -> None:
-    """Every rank's coordinates up to MAX_LISTED_RANKS; beyond, the worker's default (the
-    same order), so the annotation stays well under Kubernetes' 256 KiB."""
+@pytest.mark.parametrize(("dp", "most_bytes"), [(8, 1024), (4096, 1024)])
+def test_the_assignment_leaves_out_what_the_worker_derives(dp: int, most_bytes: int) -> None:
+    """No rank list (the default order) and no equal batch shares: the annotation's size does
+    not grow with the world (it rides in every pod, to every watcher of pods)."""
     job = parse_trainingjob(manifest(dp, dp, model=MODEL))
     plan = assignment_plan(PlanStatus(dp=dp, tp=8, pp=1, dp_shares=[1] * dp), job)
-    assert bool(plan.ranks) is listed
     world = dp * 8
     spec = RankSpec(rank=0, world_size=world, master_addr="gpt-w0.gpt", plan=plan)
     text = assignment_json(job, version=1, rank=spec, stop=False, settings=OperatorSettings())
-    assert len(text.encode()) < 128 * 1024
+    assert len(text.encode()) < most_bytes
     parsed = parse_assignment(text)
+    assert parsed.plan.batch_shares == (1,) * dp
     assert parsed.plan.coord(world - 1) == default_coords(dp, 8, 1)[-1]
 
 
@@ -266,5 +270,5 @@ def test_scaling_up_forms_a_world_the_batch_does_not_divide(
     assert status.world.replicas == grown and status.phase == "Running"
     assert next(c for c in status.conditions if c.type == "Degraded").status == "False"
     assert status.plan is not None and status.plan.dp_shares == shares
-    plans = {str(assignment(cluster, p)["plan"]["batchShares"]) for p in cluster.pods}
-    assert plans == {str(shares)}
+    plans = {parse_assignment(assignment(cluster, p)).plan.batch_shares for p in cluster.pods}
+    assert plans == {tuple(shares)}
