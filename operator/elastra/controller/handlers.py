@@ -42,7 +42,6 @@ from elastra.controller.manifests import LABEL_JOB
 from elastra.controller.progress import ProgressReader
 from elastra.controller.reconcile import reconcile, utc_now
 from elastra.controller.settings import OperatorSettings
-from elastra.controller.slots import PassSlots
 from elastra.controller.snapshot import ClusterSnapshot, job_of
 from elastra.kube.client import ApiError, JsonDict, Kube
 from elastra.kube.informer import key_of
@@ -80,11 +79,11 @@ class Runtime:
     leader: LeaderElector
     progress: ProgressReader | None = None
     loops: dict[JobKey, JobLoop] = field(default_factory=dict)
-    passes: PassSlots = field(init=False)
-    """Taken by every pass (``settings.passes_at_once`` of them); jobs without a world first."""
+    passes: asyncio.Semaphore = field(init=False)
+    """Taken by every pass (``settings.passes_at_once`` of them)."""
 
     def __post_init__(self) -> None:
-        self.passes = PassSlots(self.settings.passes_at_once)
+        self.passes = asyncio.Semaphore(self.settings.passes_at_once)
 
     def listen(self) -> None:
         """Let the snapshot's informers start, wake and stop the job loops."""
@@ -163,7 +162,7 @@ class Runtime:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), timeout=self.leader.renew.total_seconds())
                 continue
-            async with self.passes.slot(urgent=not self._has_world(key)):
+            async with self.passes:
                 delay = await self._pass(key, failures)
             failures = 0 if delay is not None else failures + 1
             if delay is None:  # failed: back off, and let no event shorten the wait
@@ -172,11 +171,6 @@ class Runtime:
             wait = min(delay or self.settings.resync, self.settings.resync)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=wait.total_seconds())
-
-    def _has_world(self, key: JobKey) -> bool:
-        """Whether the job has a world recorded (from the cache: no request)."""
-        job = self.snapshot.job(*key) or {}
-        return bool(((job.get("status") or {}).get("world") or {}).get("ranks"))
 
     async def _pass(self, key: JobKey, failures: int) -> timedelta | None:
         """One reconcile pass: its requested delay (or ``timedelta(0)``), None when it failed.
