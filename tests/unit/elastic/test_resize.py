@@ -124,22 +124,12 @@ def test_a_member_that_never_starts_is_dropped_before_its_peers_rendezvous_gives
         worker(1, since=formed + timedelta(seconds=20)),
         worker(2, WorkerState.PENDING, since=formed),  # placed, its image never pulls
     ]
-    waiting = run(
-        workers,
-        desired=3,
-        current=world(0, 1, 2),
-        last_resize=formed,
-        now=formed + timedelta(seconds=99),
+    waiting, dropped = (
+        run(workers, desired=3, current=world(0, 1, 2), last_resize=formed, now=formed + after)
+        for after in (timedelta(seconds=99), timedelta(seconds=100))
     )
     assert waiting.world is None and "2 of 3 workers running" in waiting.message
     assert waiting.recheck_after == timedelta(seconds=1), "looks again when 0 has waited 90 s"
-    dropped = run(
-        workers,
-        desired=3,
-        current=world(0, 1, 2),
-        last_resize=formed,
-        now=formed + timedelta(seconds=100),
-    )
     assert dropped.world == world(0, 1) and dropped.reason is Reason.JOIN_TIMED_OUT
     assert dropped.delete == {pod(2)}
     assert "job-w2 did not start while the world waited 90s" in dropped.message
