@@ -391,20 +391,43 @@ def _reform_without_broken(
 ) -> ResizeDecision:
     lost = [w for w in broken if w.state is not WorkerState.FAILED]
     reason = Reason.WORKER_LOST if lost or gone else Reason.WORKER_FAILED
-    names = sorted([w.pod for w in broken] + gone)
+    names = _listing(sorted([w.pod for w in broken] + gone))
+    return _reform_without(
+        inp, workers, broken, reason=reason, stopped=f"lost {names}", going_on=f"dropped {names}"
+    )
+
+
+def _reform_without(
+    inp: ResizeInput,
+    workers: list[WorkerView],
+    out: list[WorkerView],
+    *,
+    reason: Reason,
+    stopped: str,
+    going_on: str,
+) -> ResizeDecision:
+    """A new world of the members left and the Ready standby pods, without ``out`` (deleted
+    unless already going away); below ``minimum``, no world and Degraded.
+
+    Members still starting stay: a first world loses only the pods that broke or timed out.
+    ``stopped`` and ``going_on`` open the message of each outcome.
+    """
+    removed = {w.pod for w in out}
+    world = set(inp.world)
     ordered = sorted(workers, key=lambda w: w.slot)
-    # Members still starting stay: a first world loses only the pods that broke.
     survivors = [
-        w.pod for w in ordered if w.pod in set(inp.world) and (w.healthy or w.state.waiting)
+        w.pod
+        for w in ordered
+        if w.pod in world and w.pod not in removed and (w.healthy or w.state.waiting)
     ]
-    standby = [w.pod for w in ordered if w.pod not in set(inp.world) and w.healthy]
-    dead = frozenset(w.pod for w in broken if w.state is not WorkerState.TERMINATING)
+    standby = [w.pod for w in ordered if w.pod not in world and w.healthy]
+    dead = frozenset(w.pod for w in out if w.state is not WorkerState.TERMINATING)
     if len(survivors) + len(standby) < inp.minimum:
         return ResizeDecision(
             world=(),
             reason=reason,
             message=(
-                f"lost {_listing(names)}; {len(survivors)} left, below minReplicas "
+                f"{stopped}; {len(survivors)} left, below minReplicas "
                 f"{inp.minimum}: waiting for capacity, checkpoints kept"
             ),
             delete=dead,
@@ -414,7 +437,7 @@ def _reform_without_broken(
     return ResizeDecision(
         world=pods,
         reason=reason,
-        message=f"dropped {_listing(names)}; continuing on {len(pods)} workers",
+        message=f"{going_on}; continuing on {len(pods)} workers",
         delete=dead,
     )
 
@@ -450,30 +473,11 @@ def _drop_late(
     """Form a world without the members that did not start, and delete them.
 
     Their replacements come as standby pods, which join only once Ready."""
-    names = sorted(w.pod for w in late)
-    dropped = frozenset(names)
-    ordered = sorted(workers, key=lambda w: w.slot)
-    members = [w.pod for w in ordered if w.pod in set(inp.world) and w.pod not in dropped]
-    standby = [w.pod for w in ordered if w.pod not in set(inp.world) and w.healthy]
-    pods = tuple((members + standby)[: inp.desired])
+    names = _listing(sorted(w.pod for w in late))
     waited = policy.join_timeout.total_seconds()
-    why = f"{_listing(names)} did not start while the world waited {waited:.0f}s for it"
-    if len(pods) < inp.minimum:
-        return ResizeDecision(
-            world=(),
-            reason=Reason.JOIN_TIMED_OUT,
-            message=(
-                f"{why}; {len(pods)} left, below minReplicas {inp.minimum}: "
-                "waiting for capacity, checkpoints kept"
-            ),
-            delete=dropped,
-            degraded=True,
-        )
-    return ResizeDecision(
-        world=pods,
-        reason=Reason.JOIN_TIMED_OUT,
-        message=f"{why}; continuing on {len(pods)} workers",
-        delete=dropped,
+    why = f"{names} did not start while the world waited {waited:.0f}s for it"
+    return _reform_without(
+        inp, workers, late, reason=Reason.JOIN_TIMED_OUT, stopped=why, going_on=why
     )
 
 
