@@ -11,7 +11,8 @@ Pure: values in, pod bodies and patches out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
@@ -27,6 +28,7 @@ from elastra.controller.manifests import (
     assignment_json,
     is_gated,
     pod_name,
+    slot_of,
     worker_pod,
 )
 from elastra.controller.observe import PodFacts, format_time
@@ -153,7 +155,8 @@ def _creates(writer: _Writer, placement: Placement, *, count: int) -> tuple[dict
     exists, so it needs no gate (and no second write) to keep the batch all-or-nothing.
     """
     job = writer.job
-    batch = planned_pods(job.metadata.name, writer.facts, placement, count=count)
+    missing = [p for p in writer.status.world.ranks if p not in writer.facts]
+    batch = planned_pods(job.metadata.name, writer.facts, placement, count=count, first=missing)
     return tuple(
         worker_pod(
             job,
@@ -171,12 +174,21 @@ def _creates(writer: _Writer, placement: Placement, *, count: int) -> tuple[dict
 
 
 def planned_pods(
-    job: str, facts: Mapping[str, PodFacts], placement: Placement, *, count: int
+    job: str,
+    facts: Mapping[str, PodFacts],
+    placement: Placement,
+    *,
+    count: int,
+    first: Sequence[str] = (),
 ) -> list[tuple[str, int, NewPod]]:
     """Name, slot and place of the first ``count`` placed pods, each in the lowest slot no pod
-    of the job holds: what this pass creates (and, for a first world, records as members)."""
+    of the job holds: what this pass creates (and, for a first world, records as members).
+    ``first``: members of the recorded world whose create failed, created again in their own
+    slots before any other (their ranks are recorded under those names)."""
     used = {f.view.slot for f in facts.values()}
-    slots = (s for s in range(MAX_SLOTS) if s not in used)
+    again = [s for s in (slot_of(job, p) for p in first) if s is not None and s not in used]
+    free = (s for s in range(MAX_SLOTS) if s not in used and s not in again)
+    slots = itertools.chain(again, free)
     return [
         (pod_name(job, slot), slot, new)
         for slot, new in zip(slots, placement.pods[:count], strict=False)

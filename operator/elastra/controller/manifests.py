@@ -85,6 +85,12 @@ def pod_name(job: str, slot: int) -> str:
     return f"{job}-w{slot}"
 
 
+def slot_of(job: str, pod: str) -> int | None:
+    """The slot of a worker pod's name (``pod_name``'s inverse); ``None``: not one of its."""
+    tail = pod.removeprefix(f"{job}-w")
+    return int(tail) if tail != pod and tail.isdigit() else None
+
+
 def selector(job: str) -> str:
     """Label selector of a job's worker pods (the scale subresource reports it)."""
     return f"{LABEL_JOB}={job}"

@@ -8,9 +8,11 @@ world. The reconciler applies it; tests read it like a transcript.
 Order of effects (level-triggered): a new world is recorded in status (with a resourceVersion
 precondition, so two operators cannot both bump the version) before any pod acts on it:
 assignments are patched and gates removed only after the status write. A first world's new
-pods are created just before it, gated, carrying their ranks (two writes per pod: the create
-and the gate's removal). A pass interrupted anywhere is repaired by the next, which derives
-the same assignments from the recorded world (or forms the world of the gated pods it finds).
+pods are created gated, carrying their ranks (two writes per pod: the create and the gate's
+removal), and the status is written together with the batch's last (ungated) create. A pass
+interrupted anywhere is repaired by the next, which derives the same assignments from the
+recorded world (or forms the world of the gated pods it finds, or creates a member of a world
+not yet started whose create failed).
 
 The steps of a pass, top to bottom: the job's pods reduced to facts; a job that ended stays
 ended, and one past its deadline with no pods fails. Otherwise (``_running``) a permanent

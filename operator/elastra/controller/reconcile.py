@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -149,8 +149,7 @@ async def _apply(
     meta = raw["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     try:
-        await _create_children(kube, snapshot, raw, plan, service=service, settings=settings)
-        await _write_status(kube, snapshot, raw, plan)
+        await _create_and_record(kube, snapshot, raw, plan, service=service, settings=settings)
         if plan.workload_delete:
             await workloads.delete_workload(kube, namespace, plan.workload_delete)
         if plan.workload_create:
@@ -158,7 +157,7 @@ async def _apply(
         await _delete_pods(kube, namespace, plan, settings)
         await _patch_pods(kube, snapshot, namespace, plan.patches, settings)
         ungate = tuple((p, {"spec": {"schedulingGates": None}}) for p in plan.ungate)
-        await asyncio.gather(
+        await _together(
             _patch_pods(kube, snapshot, namespace, ungate, settings),
             *(
                 events.record_event(kube, raw, kind=e.type, reason=e.reason, message=e.message)
@@ -172,7 +171,7 @@ async def _apply(
         await workloads.delete_job(kube, namespace, name, uid=meta.get("uid"))
 
 
-async def _create_children(
+async def _create_and_record(
     kube: Kube,
     snapshot: ClusterSnapshot,
     raw: JsonDict,
@@ -181,20 +180,51 @@ async def _create_children(
     service: dict[str, Any],
     settings: OperatorSettings,
 ) -> None:
-    """The job's Service and NetworkPolicy and the pass's new pods: the gated pods together
-    with the objects they need, the batch's last (ungated) pod only once all of them exist, so
-    a failed create leaves nothing that can run, and no pod runs before its NetworkPolicy."""
-    if not plan.creates:
-        return
+    """The pass's new pods and its status, in two rounds of writes where a batch has gated pods.
+
+    First the gated pods, with the Service and NetworkPolicy they need (wherever pods are
+    created or ungated: no pod runs before its NetworkPolicy). Then, once all of them exist,
+    the batch's last pod (created without a gate) together with the status that records the
+    world: a failed create leaves nothing that can run, and a world recorded as its last create
+    fails only lacks a member that never existed, which the next pass creates again (the
+    resize policy does not count it lost while the world has not started). With no gated pod
+    the last one is created before the status, so a recorded world always has a member.
+    """
     namespace = raw["metadata"]["namespace"]
     gated = [p for p in plan.creates if is_gated(p)]
     last = [p for p in plan.creates if not is_gated(p)]
+    policy = (
+        [_ensure_service_and_policy(kube, namespace, service, settings)]
+        if plan.creates or plan.ungate
+        else []
+    )
+    await _together(*policy, _create_pods(kube, snapshot, raw, gated, settings))
+    if gated:
+        await _together(
+            _create_pods(kube, snapshot, raw, last, settings),
+            _write_status(kube, snapshot, raw, plan),
+        )
+    else:
+        await _create_pods(kube, snapshot, raw, last, settings)
+        await _write_status(kube, snapshot, raw, plan)
+
+
+async def _ensure_service_and_policy(
+    kube: Kube, namespace: str, service: dict[str, Any], settings: OperatorSettings
+) -> None:
     await asyncio.gather(
         resources.ensure_service(kube, namespace, service),
         resources.ensure_network_policy(kube, namespace, network_policy(service, settings)),
-        _create_pods(kube, snapshot, raw, gated, settings),
     )
-    await _create_pods(kube, snapshot, raw, last, settings)
+
+
+async def _together(*steps: Awaitable[object]) -> None:
+    """Run ``steps`` at once and wait for every one of them, then raise the first failure:
+    a pass never ends (and drops its reservations) while a write of it is still in flight."""
+    results = await asyncio.gather(*steps, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
 
 
 REFUSED = frozenset({403, 422})

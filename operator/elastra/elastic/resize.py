@@ -10,6 +10,7 @@ The shape of the protocol it drives (docs/architecture.md, "Assignment protocol"
   carrying its rank, so forming it costs two writes per pod (the create and the gate's
   removal). The gang gate keeps a half-created world from holding GPUs, and a member the
   scheduler cannot place within the grace period is deleted, which forms a new world without it.
+  A member whose create failed is created again while the world has not started.
 - Once a world runs, new pods are created as *standby* (in no world) and join only when
   Ready, so a running world never stops to wait on an image pull.
 - A world is a set of pods and a version; forming a new one is the only way membership
@@ -194,7 +195,7 @@ def _decide(inp: ResizeInput, policy: ResizePolicy) -> ResizeDecision:
         )
 
     broken = [w for w in members if w.broken]
-    gone = [p for p in inp.world if p not in {w.pod for w in inp.workers}]
+    gone = _gone(inp, members, broken)
     late = _late_joiners(inp, members, policy) if not broken and not gone else []
     if late:
         return _with_deletes(_drop_late(inp, policy, workers, late), done_retiring)
@@ -219,6 +220,24 @@ def _decide(inp: ResizeInput, policy: ResizePolicy) -> ResizeDecision:
         )
 
     return _with_deletes(_steady_or_resize(inp, policy, workers), done_retiring)
+
+
+def _gone(inp: ResizeInput, members: list[WorkerView], broken: list[WorkerView]) -> list[PodName]:
+    """Members of the world whose pod does not exist, lost to it.
+
+    Not while the world has not started (its other members are all still gated or pending,
+    none broke) and room is left for the missing: a first world is recorded together with the
+    create of its batch's last pod, so a create that failed (a quota, a webhook, the API
+    server) leaves a member that never existed while the rest wait gated. The pass creates it
+    again in its slot (``create`` counts it) instead of forming a smaller world and counting
+    a restart. Without room, or with no member left at all, it is lost as any other.
+    """
+    present = {w.pod for w in inp.workers}
+    gone = [p for p in inp.world if p not in present]
+    not_started = bool(members) and not broken and all(w.state.waiting for w in members)
+    if gone and not_started and len(gone) <= inp.placeable:
+        return []
+    return gone
 
 
 def _steady_or_resize(

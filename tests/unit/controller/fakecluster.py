@@ -49,11 +49,31 @@ class FakeCluster:
     def job(self) -> TrainingJob:
         return parse_trainingjob(self.job_body)
 
-    def step(self, seconds: float = 1.0) -> PassPlan:
-        """One pass at the current time, applied; then time moves on."""
+    def step(self, seconds: float = 1.0, *, refused: frozenset[str] = frozenset()) -> PassPlan:
+        """One pass at the current time, applied; then time moves on.
+
+        ``refused``: pods whose create the API server refuses. The pass then stops where the
+        reconciler would: at a refused gated pod before the status; at the batch's last pod
+        (created together with the status) after it, before any other write."""
         obs = Observation(self.job, list(self.pods.values()), self.nodes, list(self.pods.values()))
         plan = plan_pass(obs, self.settings, self.now)
+        self._apply(plan, refused)
+        self.now += timedelta(seconds=seconds)
+        return plan
+
+    def _apply(self, plan: PassPlan, refused: frozenset[str]) -> None:
+        gated = [p for p in plan.creates if p["spec"].get("schedulingGates")]
+        last = [p for p in plan.creates if not p["spec"].get("schedulingGates")]
+        self._create([p for p in gated if p["metadata"]["name"] not in refused])
+        if any(p["metadata"]["name"] in refused for p in gated):
+            return
+        self._create([p for p in last if p["metadata"]["name"] not in refused])
+        last_refused = any(p["metadata"]["name"] in refused for p in last)
+        if last_refused and not gated:
+            return  # a lone pod is created before the status, which is then not written
         self.job_body["status"] = plan.status.to_wire()
+        if last_refused:
+            return
         for name in plan.deletes:
             self.pods.pop(name, None)
         for name, patch in plan.patches:
@@ -61,16 +81,16 @@ class FakeCluster:
             meta["annotations"].update(patch["metadata"].get("annotations", {}))
             meta["labels"].update(patch["metadata"].get("labels", {}))
             meta["labels"] = {k: v for k, v in meta["labels"].items() if v is not None}
-        for pod in plan.creates:
+        for name in plan.ungate:
+            self.pods[name]["spec"].pop("schedulingGates", None)
+        self.events.extend((e.reason, e.message) for e in plan.events)
+
+    def _create(self, pods: list[dict[str, Any]]) -> None:
+        for pod in pods:
             created = copy.deepcopy(pod)
             created["metadata"]["creationTimestamp"] = self.stamp()
             created["status"] = {"phase": "Pending"}
             self.pods[created["metadata"]["name"]] = created
-        for name in plan.ungate:
-            self.pods[name]["spec"].pop("schedulingGates", None)
-        self.events.extend((e.reason, e.message) for e in plan.events)
-        self.now += timedelta(seconds=seconds)
-        return plan
 
     def stamp(self) -> str:
         return self.now.strftime("%Y-%m-%dT%H:%M:%SZ")

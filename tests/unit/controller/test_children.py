@@ -29,7 +29,6 @@ from tests.unit.controller.test_passplan import SETTINGS
 
 READY, GATED, TERMINATING = WorkerState.READY, WorkerState.GATED, WorkerState.TERMINATING
 JOB = parse_trainingjob(gpt_job(4, training={"globalBatchSize": 32}))
-STATUS = TrainingJobStatus.model_validate({"world": {"version": 3}})
 
 
 def pod(slot: int, state: WorkerState = READY, **changes: Any) -> PodFacts:
@@ -62,6 +61,7 @@ def writes(
     retire: tuple[int, ...] = (),
     new: tuple[str, ...] = (),
     create: int = 0,
+    ranks: tuple[int, ...] = (),
 ) -> Children:
     decision = ResizeDecision(
         world=None,
@@ -71,9 +71,10 @@ def writes(
         delete=frozenset(PodName(f"gpt-w{s}") for s in delete),
         retire=frozenset(PodName(f"gpt-w{s}") for s in retire),
     )
+    world = {"version": 3, "ranks": [f"gpt-w{s}" for s in ranks], "replicas": len(ranks)}
     return children(
         JOB,
-        STATUS,
+        TrainingJobStatus.model_validate({"world": world}),
         facts={str(p.name): p for p in pods},
         decision=decision,
         placement=Placement(pods=tuple(NewPod(node=n, gpu_type="H100") for n in new)),
@@ -96,17 +97,29 @@ def test_deletes(pods: list[PodFacts], delete: tuple[int, ...], deletes: tuple[s
 
 
 @pytest.mark.parametrize(
-    ("pods", "new", "create", "names"),
+    ("pods", "ranks", "new", "create", "names"),
     [
-        ([], ("a", "b"), 2, [("gpt-w0", "a"), ("gpt-w1", "b")]),
-        ([pod(0), pod(2)], ("a", "b", "c"), 2, [("gpt-w1", "a"), ("gpt-w3", "b")]),
-        ([pod(0)], ("a",), 0, []),  # placed but not decided
+        ([], (), ("a", "b"), 2, [("gpt-w0", "a"), ("gpt-w1", "b")]),
+        ([pod(0), pod(2)], (), ("a", "b", "c"), 2, [("gpt-w1", "a"), ("gpt-w3", "b")]),
+        ([pod(0)], (), ("a",), 0, []),  # placed but not decided
+        # a member of the recorded world whose create failed comes back in its own slot
+        (
+            [pod(0, GATED), pod(2, GATED)],
+            (0, 2, 3),
+            ("a", "b"),
+            2,
+            [("gpt-w3", "a"), ("gpt-w1", "b")],
+        ),
     ],
 )
 def test_creates_take_the_lowest_free_slots_on_the_placed_nodes(
-    pods: list[PodFacts], new: tuple[str, ...], create: int, names: list[tuple[str, str]]
+    pods: list[PodFacts],
+    ranks: tuple[int, ...],
+    new: tuple[str, ...],
+    create: int,
+    names: list[tuple[str, str]],
 ) -> None:
-    created = writes(pods, new=new, create=create).creates
+    created = writes(pods, new=new, create=create, ranks=ranks).creates
     placed = [
         (p["metadata"]["name"], p["metadata"]["annotations"]["elastra.dev/node"]) for p in created
     ]

@@ -20,6 +20,8 @@ from elastra.controller.manifests import (
     headless_service,
     network_policy,
     owner_reference,
+    pod_name,
+    slot_of,
     worker_pod,
 )
 from elastra.controller.settings import (
@@ -432,3 +434,18 @@ def test_network_policy_selects_exactly_the_job_worker_pods() -> None:
 def test_no_network_policy_when_switched_off() -> None:
     _, service = job_and_service()
     assert network_policy(service, OperatorSettings(network_policy=False)) is None
+
+
+@pytest.mark.parametrize(
+    ("pod", "slot"),
+    [
+        (pod_name("gpt", 7), 7),
+        ("gpt-w12", 12),
+        ("gpt-w", None),
+        ("gpt-wx", None),
+        ("other-w3", None),  # another job's pod
+        ("gpt-w-1", None),
+    ],
+)
+def test_slot_of_reads_back_pod_name(pod: str, slot: int | None) -> None:
+    assert slot_of("gpt", pod) == slot

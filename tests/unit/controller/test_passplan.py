@@ -103,6 +103,27 @@ def test_a_first_world_costs_each_pod_a_create_and_an_ungate_only() -> None:
     assert cluster.job.status.phase == "Running" and cluster.job.status.world.version == 1
 
 
+def test_a_member_whose_create_failed_as_its_world_was_recorded_is_created_again() -> None:
+    cluster = FakeCluster(job(), h100s(4), SETTINGS)
+    first = cluster.step(refused=frozenset({"gpt-w3"}))
+    (planned,) = [p for p in first.creates if p["metadata"]["name"] == "gpt-w3"]
+    assert cluster.job.status.world.ranks == ["gpt-w0", "gpt-w1", "gpt-w2", "gpt-w3"]
+    assert all(p["spec"].get("schedulingGates") for p in cluster.pods.values()), "none runs"
+    again = cluster.step()
+    assert [p["metadata"]["name"] for p in again.creates] == ["gpt-w3"]
+    annotations = again.creates[0]["metadata"]["annotations"]
+    assert (
+        annotations[ANNOTATION_ASSIGNMENT]
+        == planned["metadata"]["annotations"][ANNOTATION_ASSIGNMENT]
+    ), "its recorded rank, in the same world"
+    assert sorted(again.ungate) == ["gpt-w0", "gpt-w1", "gpt-w2"]
+    for _ in range(3):
+        cluster.schedule_and_run()
+        cluster.step()
+    status = cluster.job.status
+    assert status.phase == "Running" and status.world.version == 1 and status.restarts == 0
+
+
 def test_world_forms_when_all_ready_and_assignments_follow() -> None:
     cluster = FakeCluster(job(), h100s(4), SETTINGS)
     cluster.converge()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -234,6 +235,30 @@ def test_losing_below_minimum_forms_an_empty_world_degraded() -> None:
     d = run(workers, desired=3, minimum=2, current=world(0, 1, 2))
     assert d.world == () and d.degraded
     assert "below minReplicas" in d.message
+
+
+GATED, PENDING, READY = WorkerState.GATED, WorkerState.PENDING, WorkerState.READY
+
+
+@pytest.mark.parametrize(
+    ("states", "placeable", "recreated"),
+    [
+        ((GATED, GATED), 1, True),  # the batch's last create failed as the world was recorded
+        ((GATED, PENDING), 1, True),  # ungated since: still nobody waits on a rendezvous
+        ((GATED, GATED), 0, False),  # no room left for it: lost, a smaller world forms
+        ((READY, GATED), 1, False),  # a member ran: the world started, the pod was lost
+        ((), 1, False),  # nothing of the world is left
+    ],
+)
+def test_a_member_of_a_world_that_has_not_started_is_created_again_when_it_fits(
+    states: tuple[WorkerState, ...], placeable: int, recreated: bool
+) -> None:
+    workers = [worker(slot, state) for slot, state in enumerate(states)]
+    d = run(workers, desired=3, current=world(0, 1, 2), placeable=placeable)
+    if recreated:
+        assert d.world is None and d.create == 1 and d.reason is Reason.STEADY
+    else:
+        assert d.reason is Reason.WORKER_LOST and pod(2) not in (d.world or ())
 
 
 def test_pod_vanished_from_the_world_counts_as_lost() -> None:
