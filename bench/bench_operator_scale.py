@@ -9,6 +9,9 @@ Prints, measured in one run on the same local control plane:
 - CPU seconds, the operator process's against the plain client's (this process during the
   baseline), and the operator's resident memory (at the end and its peak);
 - the operator's passes: how many, and their mean duration (API waits included);
+- the CPU seconds of each control-plane process (API server, etcd, scheduler, controller-
+  manager, kwok) in each phase, until every pod runs: on this 2-core machine they share the
+  cores with the operator;
 - the API server's own count of writes per job in each phase, by resource, from every client
   (scheduler binds, kwok's status updates, the controller-manager's EndpointSlices): what a
   phase costs the server beyond the requests its client makes;
@@ -226,12 +229,16 @@ class Baseline:
     job_pods_created: list[float]
     """Per job, seconds from the burst's start to its last pod's create returning (sorted):
     the plain client's counterpart of the operator's creation to first world."""
+    control_plane_cpu: dict[str, float]
+    """CPU seconds each control-plane process spent in the phase (see ``daemons_cpu``)."""
 
 
-async def baseline(kube: Kube, pods_seen: Informer, fits: list[tuple[int, int]]) -> Baseline:
+async def baseline(
+    kube: Kube, pods_seen: Informer, fits: list[tuple[int, int]], daemons: dict[str, int]
+) -> Baseline:
     """A plain client creates the pods that fit directly; seconds to all Running."""
     start = time.monotonic()
-    cpu = time.process_time()
+    cpu, daemons_before = time.process_time(), daemons_cpu(daemons)
     requests = client_requests()
     pods = [plain_pod(i, w) for i, w in fits]
     created: dict[int, float] = {}
@@ -247,6 +254,7 @@ async def baseline(kube: Kube, pods_seen: Informer, fits: list[tuple[int, int]])
         requests=client_requests() - requests,
         cpu_seconds=time.process_time() - cpu,
         job_pods_created=sorted(t - start for t in created.values()),
+        control_plane_cpu=cpu_spent(daemons_before, daemons_cpu(daemons)),
     )
     await gather_limited(
         16,
@@ -273,6 +281,16 @@ def client_requests() -> float:
     )
 
 
+def daemons_cpu(daemons: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each control-plane process (name -> pid): where the machine's
+    two cores went in a phase, the API server's against kwok's and the operator's."""
+    return {name: cpu_seconds(pid) for name, pid in daemons.items()}
+
+
+def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: round(after[name] - before[name], 1) for name in after}
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -289,6 +307,8 @@ class OperatorRun:
     """Job name -> when its create call returned (monotonic)."""
     first_world: dict[str, float] = field(default_factory=dict)
     """Job name -> when this client first saw a world in its status (monotonic)."""
+    control_plane_cpu: dict[str, float] = field(default_factory=dict)
+    """CPU seconds each control-plane process spent until every pod ran."""
 
     def first_world_seconds(self) -> list[float]:
         return sorted(self.first_world[n] - self.created[n] for n in self.first_world)
@@ -353,9 +373,11 @@ async def operator_ready(port: int, process: subprocess.Popen[bytes]) -> float:
     raise SystemExit("the operator was not ready (leading, caches synced) within 300 s")
 
 
-async def with_operator(kube: Kube, pods: Informer, want: int) -> OperatorRun:
+async def with_operator(
+    kube: Kube, pods: Informer, want: int, daemons: dict[str, int]
+) -> OperatorRun:
     run = OperatorRun()
-    start = time.monotonic()
+    start, daemons_before = time.monotonic(), daemons_cpu(daemons)
 
     async def create(index: int) -> None:
         manifest = job_manifest(index)
@@ -367,6 +389,7 @@ async def with_operator(kube: Kube, pods: Informer, want: int) -> OperatorRun:
         await gather_limited(16, *(create(i) for i in range(JOBS)))
         stall = STALL_S if want < JOBS * WORKERS else None
         placed = await wait_running(pods, OPERATED, want, timeout=3600, stall_s=stall)
+        run.control_plane_cpu = cpu_spent(daemons_before, daemons_cpu(daemons))
         await worlds_formed(run, want // WORKERS)
     finally:
         watcher.cancel()
@@ -478,8 +501,17 @@ def rss_mib(pid: int, field_name: str = "VmRSS") -> float:
     return float("nan")
 
 
-async def run(kubeconfig: Path, kubectl: Path) -> None:
-    connection = load_connection(str(kubeconfig))
+@dataclass(frozen=True)
+class ControlPlane:
+    """The local cluster the run measures: how to reach it and its processes (name -> pid)."""
+
+    kubeconfig: Path
+    kubectl: Path
+    daemons: dict[str, int]
+
+
+async def run(plane: ControlPlane) -> None:
+    connection = load_connection(str(plane.kubeconfig))
     async with Kube(connection, retry=PATIENT) as kube:
         await kube.create(
             "/api/v1/namespaces",
@@ -490,35 +522,29 @@ async def run(kubeconfig: Path, kubectl: Path) -> None:
         watching = asyncio.create_task(pods.run())
         await asyncio.wait_for(pods.wait_synced(), timeout=60)
         try:
-            await measure(kube, kubeconfig, kubectl, pods, fits)
+            await measure(kube, plane, pods, fits)
         finally:
             watching.cancel()
 
 
 async def measure(
-    kube: Kube, kubeconfig: Path, kubectl: Path, pods: Informer, fits: list[tuple[int, int]]
+    kube: Kube, plane: ControlPlane, pods: Informer, fits: list[tuple[int, int]]
 ) -> None:
     """The plain client's phase, then the operator's, and the JSON line comparing them."""
+    kubeconfig, kubectl, daemons = plane.kubeconfig, plane.kubectl, plane.daemons
     settling = await fleet_settled(kubectl, kubeconfig)
     say(f"fleet settled (no Node written for {SETTLED_S:.0f} s) after {settling:.1f}s")
     say(f"baseline: a plain client creates {len(fits)} of {JOBS * WORKERS} pods (what fits)")
     before_plain = apiserver_writes(kubectl, kubeconfig)
-    plain = await baseline(kube, pods, fits)
+    plain = await baseline(kube, pods, fits, daemons)
     after_plain = apiserver_writes(kubectl, kubeconfig)
     say(f"baseline: {plain.seconds:.1f}s, {plain.requests:.0f} requests")
     metrics_port = 18480
-    operator = subprocess.Popen(
-        [sys.executable, "-m", "elastra.cli", "run", f"--kubeconfig={kubeconfig}",
-         f"--namespace={NAMESPACE}", f"--lease-namespace={NAMESPACE}",
-         "--toleration=kwok.x-k8s.io/node=fake:NoSchedule",
-         f"--metrics-port={metrics_port}", "--health-port=0", "--log-format=plain",
-         *OPERATOR_ARGS],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    operator = start_operator(kubeconfig, metrics_port)
     try:
         say(f"operator: {JOBS} TrainingJobs of {WORKERS} workers ...")
         started = await operator_ready(metrics_port, operator)
-        ran = await with_operator(kube, pods, len(fits))
+        ran = await with_operator(kube, pods, len(fits), daemons)
         after_operator = apiserver_writes(kubectl, kubeconfig)
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as reply:
             text = reply.read().decode()
@@ -529,14 +555,7 @@ async def measure(
         memory, peak = rss_mib(operator.pid), rss_mib(operator.pid, "VmHWM")
         cpu = cpu_seconds(operator.pid)
     finally:
-        operator.terminate()
-        try:
-            operator.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            say("operator: still running 30 s after SIGTERM; killed")
-            dump_stacks(operator.pid)
-            operator.kill()
-            operator.wait()
+        stop_operator(operator)
     waits = ran.first_world_seconds()
     result = {
         "jobs": JOBS,
@@ -565,7 +584,37 @@ async def measure(
         "firstWorldP99Seconds": round(percentile(waits, 0.99), 1),
         "plainJobPodsCreatedP50Seconds": round(percentile(plain.job_pods_created, 0.50), 1),
         "plainJobPodsCreatedP99Seconds": round(percentile(plain.job_pods_created, 0.99), 1),
+        "controlPlaneCpuSecondsPlain": plain.control_plane_cpu,
+        "controlPlaneCpuSecondsOperator": ran.control_plane_cpu,
     }
+    report(result)
+
+
+def start_operator(kubeconfig: Path, metrics_port: int) -> subprocess.Popen[bytes]:
+    """``elastra run`` for the bench namespace, as a process of its own (its CPU is its own)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "elastra.cli", "run", f"--kubeconfig={kubeconfig}",
+         f"--namespace={NAMESPACE}", f"--lease-namespace={NAMESPACE}",
+         "--toleration=kwok.x-k8s.io/node=fake:NoSchedule",
+         f"--metrics-port={metrics_port}", "--health-port=0", "--log-format=plain",
+         *OPERATOR_ARGS],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def stop_operator(operator: subprocess.Popen[bytes]) -> None:
+    operator.terminate()
+    try:
+        operator.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        say("operator: still running 30 s after SIGTERM; killed")
+        dump_stacks(operator.pid)
+        operator.kill()
+        operator.wait()
+
+
+def report(result: dict[str, Any]) -> None:
+    """The summary line for a person, then the JSON line."""
     say(
         f"time to place every pod: operator / plain client = {result['ratioOperatorToPlain']}x "
         f"(target < 2x); API requests per job {result['apiRequestsPerJob']} vs "
@@ -587,7 +636,8 @@ def main() -> int:
         apply_fleet(FLEET, layout=layout, replace=True, timeout=900)
         state = State.load(layout)
         assert state is not None, f"no cluster state in {layout.root}"
-        asyncio.run(run(layout.kubeconfig, Path(state.bindir) / "kubectl"))
+        daemons = {d.name: d.pid for d in state.daemons}
+        asyncio.run(run(ControlPlane(layout.kubeconfig, Path(state.bindir) / "kubectl", daemons)))
     finally:
         if started:
             down(layout)
