@@ -125,11 +125,23 @@ def kubectl(bindir: Path | str, kubeconfig: Path, *args: str, stdin: str | None 
 # --- daemons ---------------------------------------------------------------------------------
 
 
+ENDPOINT_CONTROLLERS = (
+    "endpoints-controller",
+    "endpointslice-controller",
+    "endpointslice-mirroring-controller",
+)
+"""The controller-manager's controllers that publish Services' endpoints. kwok's pods have
+loopback addresses, which Endpoints and EndpointSlices may not hold: here these controllers
+only retry refused writes (a benchmark can leave them out, ``Ctx.without_controllers``)."""
+
+
 @dataclass(frozen=True)
 class Ctx:
     layout: Layout
     state: State
     bindir: Path
+    without_controllers: tuple[str, ...] = ()
+    """Controller-manager controllers not to run (``--controllers=*,-name``)."""
 
     def start(self, name: str, argv: list[str]) -> procs.Daemon:
         argv = [str(self.bindir / argv[0]), *argv[1:]]
@@ -258,9 +270,15 @@ def start_controller_manager(ctx: Ctx) -> procs.Daemon:
             "--kube-api-burst=400",
             f"--node-monitor-grace-period={NODE_GRACE_SECONDS}s",
             "--profiling=false",
+            *_controllers_flag(ctx.without_controllers),
             "--v=1",
         ],
     )
+
+
+def _controllers_flag(without: tuple[str, ...]) -> list[str]:
+    """Every default controller but ``without`` (none: the flag is left out)."""
+    return [f"--controllers=*,{','.join('-' + c for c in without)}"] if without else []
 
 
 def start_scheduler(ctx: Ctx) -> procs.Daemon:

@@ -117,6 +117,7 @@ def up(
     owner: str = "",
     real_node: bool = False,
     images: tuple[str, ...] = (),
+    without_controllers: tuple[str, ...] = (),
 ) -> bool:
     """Start the cluster (or find it running). Returns True when this call started it.
 
@@ -124,14 +125,22 @@ def up(
     tell a cluster left behind by a killed run from one a person started). real_node also
     starts a real node on this machine (e2e/node: containerd, kubelet, kube-proxy) with the
     pause image and `images` (names known to e2e/images) imported into its containerd.
+    without_controllers: controller-manager controllers a new cluster does not run (a running
+    one is found as it is).
     """
     layout = layout or default_layout()
     with _locked(layout):
-        return _up(layout, fleet, owner, real_node, images)
+        return _up(layout, fleet, owner, real_node, images, without_controllers=without_controllers)
 
 
 def _up(
-    layout: Layout, fleet: str | None, owner: str, real_node: bool, images: tuple[str, ...]
+    layout: Layout,
+    fleet: str | None,
+    owner: str,
+    real_node: bool,
+    images: tuple[str, ...],
+    *,
+    without_controllers: tuple[str, ...],
 ) -> bool:
     if is_up(layout):
         state = State.load(layout)
@@ -175,7 +184,7 @@ def _up(
         state.real_node = {"ip": real_node_mod.node_ip(), "pending": True}
     state.save(layout)
     try:
-        _bring_up(Ctx(layout, state, bindir), fleet, images)
+        _bring_up(Ctx(layout, state, bindir, without_controllers), fleet, images)
     except BaseException:
         say(f"start-up failed; stopping what was started (logs stay in {layout.logs})")
         _down(layout, keep_logs=True)
