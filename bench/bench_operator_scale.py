@@ -193,8 +193,7 @@ def pods_watched(kube: Kube) -> Informer:
     """The namespace's pods, followed by a watch. Polling a list every second (2,400 pods,
     megabytes of JSON each time) loaded the API server the run measures, and the operator's
     phase, longer and with larger pods, paid more of it than the plain client's."""
-    path = f"{resources.pods_path(NAMESPACE)}"
-    return Informer(kube, path, transform=slim_pod, index=pod_group)
+    return Informer(kube, resources.pods_path(NAMESPACE), transform=slim_pod, index=pod_group)
 
 
 def running_pods(pods: Informer, group: str) -> int:
