@@ -219,12 +219,8 @@ async def _ensure_service_and_policy(
 
 
 async def _together(*steps: Awaitable[object]) -> None:
-    """Run ``steps`` at once and wait for every one of them, then raise the first failure:
-    a pass never ends (and drops its reservations) while a write of it is still in flight."""
-    results = await asyncio.gather(*steps, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
+    """Run ``steps`` at once; like every batch of writes, all end before a failure is raised."""
+    await gather_limited(len(steps), *steps)
 
 
 REFUSED = frozenset({403, 422})

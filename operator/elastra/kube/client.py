@@ -409,11 +409,19 @@ def _error(status: int, text: str) -> ApiError:
 
 
 async def gather_limited(limit: int, *jobs: Any) -> list[Any]:
-    """Run awaitables with at most ``limit`` in flight (bulk creates without a stampede)."""
+    """Run awaitables with at most ``limit`` in flight (bulk creates without a stampede).
+
+    Every job runs to its end before the first failure is raised: a caller that holds
+    something for the batch (a pass's reservations) never lets go of it while one of the
+    batch's writes is still in flight."""
     gate = asyncio.Semaphore(limit)
 
     async def one(job: Any) -> Any:
         async with gate:
             return await job
 
-    return list(await asyncio.gather(*(one(job) for job in jobs)))
+    results = await asyncio.gather(*(one(job) for job in jobs), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results

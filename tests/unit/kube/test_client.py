@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 import pytest
 from aiohttp import web
 
-from elastra.kube.client import ApiError, Kube, RetryPolicy, UnreachableError, resource_of
+from elastra.kube.client import (
+    ApiError,
+    Kube,
+    RetryPolicy,
+    UnreachableError,
+    gather_limited,
+    resource_of,
+)
 from elastra.kube.config import Connection
 from elastra.kube.credentials import Identity
 
@@ -177,3 +184,34 @@ def test_unreachable_server_is_one_line_naming_it() -> None:
 def test_requests_are_counted_by_the_resource_they_are_about(path: str, resource: str) -> None:
     """The metric's ``resource`` label: what lets a test tell lease renewals from job work."""
     assert resource_of(path) == resource
+
+
+def test_gather_limited_lets_every_job_end_before_raising_the_first_failure() -> None:
+    """A batch's failure surfaces only once no write of it is in flight: the caller's
+    reservations must outlive every create, not just the first refused one."""
+    slow_done = asyncio.Event()
+    in_flight = 0
+    most = 0
+
+    async def refused() -> None:
+        raise ApiError(422, "refused", "quota")
+
+    async def slow() -> str:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        in_flight -= 1
+        slow_done.set()
+        return "created"
+
+    async def scenario() -> list[str]:
+        with pytest.raises(ApiError) as raised:
+            await gather_limited(2, refused(), slow(), slow())
+        assert raised.value.status == 422
+        assert slow_done.is_set() and in_flight == 0
+        return await gather_limited(2, slow(), slow(), slow())
+
+    assert asyncio.run(scenario()) == ["created"] * 3
+    assert most <= 2  # never more than the limit in flight
