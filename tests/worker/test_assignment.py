@@ -90,6 +90,45 @@ def test_full_plan_round_trips() -> None:
     assert back.plan.coord(5) == RankCoord(rank=5, dp_rank=1, tp_rank=1, pp_stage=0)
 
 
+@pytest.mark.parametrize(
+    ("plan", "written"),
+    [
+        (Plan(dp=4, batch_shares=(8, 8, 8, 8)), {"dp": 4}),
+        (
+            Plan(dp=1, pp=2, virtual_stages=2, schedule="interleaved1f1b", batch_shares=(32,)),
+            {"dp": 1, "pp": 2, "virtualStages": 2},
+        ),
+        (
+            Plan(dp=1, pp=2, schedule="gpipe", sharding="full", batch_shares=(32,)),
+            {"dp": 1, "pp": 2, "schedule": "gpipe", "sharding": "full"},
+        ),
+    ],
+)
+def test_the_plan_is_written_without_what_the_reader_assumes(
+    plan: Plan, written: dict[str, Any]
+) -> None:
+    """Plan and checkpoint fields at their defaults stay out of the annotation (every pod write
+    and watch event carries it); the top level is whole; parsing gives the same assignment."""
+    a = Assignment(
+        job="gpt",
+        world_version=1,
+        rank=0,
+        world_size=plan.dp * plan.tp * plan.pp,
+        master_addr="gpt-w0.gpt",
+        master_port=29501,
+        plan=plan,
+        global_batch_size=32,
+        checkpoint=CheckpointSpec(path="/ckpt", interval_seconds=600),
+    )
+    text = a.to_json()
+    decoded = json.loads(text)
+    assert decoded["plan"] == written
+    assert decoded["checkpoint"] == {"path": "/ckpt", "intervalSeconds": 600}
+    assert decoded["stop"] is False and decoded["stopAtStep"] is None and decoded["seed"] == 0
+    assert " " not in text
+    assert parse_assignment(text) == a
+
+
 def test_world_size_zero_waits_without_master_fields() -> None:
     a = parse_assignment({"job": "gpt", "worldVersion": 4, "worldSize": 0})
     assert a.waiting

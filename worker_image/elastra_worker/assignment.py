@@ -24,7 +24,9 @@ no world and waits. ``stop: true`` asks the pod to checkpoint and exit 0 (suspen
 to the first draft of the contract: a step-based checkpoint interval, and a step at which the
 world stops on its own (checkpoint, exit 0) so a planned resize lands on an exact step.
 ``checkpoint.uri`` (optional, absent when unset) puts the checkpoints in an object store
-instead of ``path``.
+instead of ``path``. The operator leaves out the ``plan`` and ``checkpoint`` fields that hold
+the value a reader assumes when they are absent (``tp: 1``, ``keep: 3``, ...: see
+``_PLAN_DEFAULTS``); the top-level fields are always written.
 """
 
 from __future__ import annotations
@@ -184,8 +186,8 @@ class Assignment:
         return replace(self, rank=self.rank + local_rank)
 
     def to_json(self) -> str:
-        """Serialise back to the wire format (camelCase keys)."""
-        return json.dumps(to_wire(self), sort_keys=True)
+        """Serialise back to the wire format (camelCase keys, no spaces: it rides in a pod)."""
+        return json.dumps(to_wire(self), sort_keys=True, separators=(",", ":"))
 
 
 def plan_to_wire(plan: Plan) -> dict[str, Any]:
@@ -210,7 +212,8 @@ def plan_to_wire(plan: Plan) -> dict[str, Any]:
 
 def compact_plan_to_wire(plan: Plan) -> dict[str, Any]:
     """``plan_to_wire`` without what the reader derives: no ``ranks`` when the plan has none
-    (the default order), no ``batchShares`` when they are equal (an even split).
+    (the default order), no ``batchShares`` when they are equal (an even split), and no field
+    that holds the value the reader assumes when it is absent.
 
     The assignment rides in a pod annotation, and every watcher of pods (scheduler, kubelet,
     operator) receives the whole pod on each change: for 64 ranks the two lists were about
@@ -221,11 +224,37 @@ def compact_plan_to_wire(plan: Plan) -> dict[str, Any]:
         del wire["ranks"]
     if len(plan.batch_shares) == plan.dp and len(set(plan.batch_shares)) == 1:
         del wire["batchShares"]
-    return wire
+    if plan.schedule == default_schedule(plan.pp, plan.virtual_stages):
+        del wire["schedule"]
+    return _without_defaults(wire, _PLAN_DEFAULTS)
+
+
+_PLAN_DEFAULTS: dict[str, Any] = {
+    "tp": 1, "pp": 1, "microBatchSize": 1, "virtualStages": 1, "sharding": "none",
+    "recompute": "none", "stages": [],
+}  # fmt: skip
+"""What ``_parse_plan`` reads for an absent plan field (``dp`` follows ``worldSize``: kept)."""
+
+_CHECKPOINT_DEFAULTS: dict[str, Any] = {"intervalSeconds": 300, "keep": 3, "intervalSteps": 0}
+"""What ``parse_assignment`` reads for an absent ``checkpoint`` field."""
+
+
+def _without_defaults(wire: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``wire`` less the fields whose value the reader would assume anyway."""
+    return {k: v for k, v in wire.items() if k not in defaults or defaults[k] != v}
 
 
 def to_wire(a: Assignment) -> dict[str, Any]:
-    """The JSON object the operator writes for ``a`` (its plan compact: see above)."""
+    """The JSON object the operator writes for ``a``: every top-level field (what tools read:
+    ``stop``, ``worldVersion``), and the plan and checkpoint without fields at the value the
+    reader assumes (the annotation is part of every pod write and watch event)."""
+    checkpoint = {
+        "path": a.checkpoint.path,
+        "intervalSeconds": a.checkpoint.interval_seconds,
+        "keep": a.checkpoint.keep,
+        "intervalSteps": a.checkpoint.interval_steps,
+        **({"uri": a.checkpoint.uri} if a.checkpoint.uri else {}),
+    }
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -240,13 +269,7 @@ def to_wire(a: Assignment) -> dict[str, Any]:
         "globalBatchSize": a.global_batch_size,
         "consistency": a.consistency,
         "seed": a.seed,
-        "checkpoint": {
-            "path": a.checkpoint.path,
-            "intervalSeconds": a.checkpoint.interval_seconds,
-            "keep": a.checkpoint.keep,
-            "intervalSteps": a.checkpoint.interval_steps,
-            **({"uri": a.checkpoint.uri} if a.checkpoint.uri else {}),
-        },
+        "checkpoint": _without_defaults(checkpoint, _CHECKPOINT_DEFAULTS),
         "stopAtStep": a.stop_at_step,
         "stop": a.stop,
     }
@@ -415,10 +438,16 @@ def _parse_stages(raw: Mapping[str, Any], count: int) -> tuple[StageLayers, ...]
 
 def _parse_plan(raw: Mapping[str, Any], world_size: int, global_batch: int) -> Plan:
     dp = _positive(_get(raw, "dp", int, "plan.", max(world_size, 1)), "plan.dp")
-    tp = _positive(_get(raw, "tp", int, "plan.", 1), "plan.tp")
-    pp = _positive(_get(raw, "pp", int, "plan.", 1), "plan.pp")
-    mbs = _positive(_get(raw, "microBatchSize", int, "plan.", 1), "plan.microBatchSize")
-    vpp = _positive(_get(raw, "virtualStages", int, "plan.", 1), "plan.virtualStages")
+    tp = _positive(_get(raw, "tp", int, "plan.", _PLAN_DEFAULTS["tp"]), "plan.tp")
+    pp = _positive(_get(raw, "pp", int, "plan.", _PLAN_DEFAULTS["pp"]), "plan.pp")
+    mbs = _positive(
+        _get(raw, "microBatchSize", int, "plan.", _PLAN_DEFAULTS["microBatchSize"]),
+        "plan.microBatchSize",
+    )
+    vpp = _positive(
+        _get(raw, "virtualStages", int, "plan.", _PLAN_DEFAULTS["virtualStages"]),
+        "plan.virtualStages",
+    )
     shares = _int_list(raw, "batchShares")
     if world_size > 0:
         if dp * tp * pp != world_size:
@@ -450,8 +479,8 @@ def _parse_plan(raw: Mapping[str, Any], world_size: int, global_batch: int) -> P
         batch_shares=tuple(shares),
         virtual_stages=vpp,
         schedule=_choice(raw, "schedule", SCHEDULES, default_schedule(pp, vpp)),
-        sharding=_choice(raw, "sharding", SHARDINGS, "none"),
-        recompute=_choice(raw, "recompute", RECOMPUTES, "none"),
+        sharding=_choice(raw, "sharding", SHARDINGS, _PLAN_DEFAULTS["sharding"]),
+        recompute=_choice(raw, "recompute", RECOMPUTES, _PLAN_DEFAULTS["recompute"]),
         ranks=_parse_coords(raw, dp, tp, pp) if world_size > 0 else (),
         stages=_parse_stages(raw, pp * vpp),
     )
@@ -486,11 +515,24 @@ def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
     checkpoint = CheckpointSpec(
         path=_checkpoint_path(ckpt_raw),
         interval_seconds=_nonneg(
-            _get(ckpt_raw, "intervalSeconds", int, "checkpoint.", 300), "checkpoint.intervalSeconds"
+            _get(
+                ckpt_raw,
+                "intervalSeconds",
+                int,
+                "checkpoint.",
+                _CHECKPOINT_DEFAULTS["intervalSeconds"],
+            ),
+            "checkpoint.intervalSeconds",
         ),
-        keep=_positive(_get(ckpt_raw, "keep", int, "checkpoint.", 3), "checkpoint.keep"),
+        keep=_positive(
+            _get(ckpt_raw, "keep", int, "checkpoint.", _CHECKPOINT_DEFAULTS["keep"]),
+            "checkpoint.keep",
+        ),
         interval_steps=_nonneg(
-            _get(ckpt_raw, "intervalSteps", int, "checkpoint.", 0), "checkpoint.intervalSteps"
+            _get(
+                ckpt_raw, "intervalSteps", int, "checkpoint.", _CHECKPOINT_DEFAULTS["intervalSteps"]
+            ),
+            "checkpoint.intervalSteps",
         ),
         uri=_checkpoint_uri(ckpt_raw),
     )

@@ -14,6 +14,7 @@ import pytest
 from elastra.api import parse_trainingjob
 from elastra.controller.planning import requirements
 from elastra.planner import plan_job
+from elastra_worker.assignment import parse_assignment
 from tests.unit.controller.fakecluster import FakeCluster, gpt_job, node
 from tests.unit.controller.test_passplan import SETTINGS, assignment
 from tests.unit.planner.nodes import fleet
@@ -64,5 +65,5 @@ def test_bitwise_keeps_the_micro_batch_of_its_first_world(consistency: str, pinn
     expected = other if pinned else chosen
     assert status.plan.micro_batch_size == expected
     assert all(s % expected == 0 for s in status.plan.dp_shares)
-    sizes = {assignment(cluster, p)["plan"]["microBatchSize"] for p in cluster.pods}
+    sizes = {parse_assignment(assignment(cluster, p)).plan.micro_batch_size for p in cluster.pods}
     assert sizes == {expected}
