@@ -126,16 +126,12 @@ def _usage_by_job(pods: Sequence[JsonDict]) -> _Usage:
     gpus: Counter[str] = Counter()
     cpu: Counter[str] = Counter()
     by_job: dict[str, dict[str, tuple[int, int]]] = {}
-    for pod, (node, pod_gpus, pod_cpu) in zip(pods, _POD_USAGE.map(pods), strict=True):
+    for node, pod_gpus, pod_cpu, job in _POD_USAGE.map(pods):
         if not node:
             continue
         gpus[node] += pod_gpus
         cpu[node] += pod_cpu
-        job = _labels(pod).get(LABEL_JOB)
-        # A job's own pods are capacity it may plan with again, except pods being deleted:
-        # they hold their node's CPU and GPUs until they are gone, so the scheduler would
-        # refuse their replacements (a grown world then retried forever, "Insufficient cpu").
-        if job and not (pod.get("metadata") or {}).get("deletionTimestamp"):
+        if job:
             held = by_job.setdefault(job, {})
             before = held.get(node, (0, 0))
             held[node] = (before[0] + pod_gpus, before[1] + pod_cpu)
@@ -150,10 +146,21 @@ def _usage_of(pod: JsonDict) -> tuple[str, int, int]:
         return "", 0, 0  # a pod with an unreadable quantity: the scheduler rejects it too
 
 
+def _held_by(pod: JsonDict) -> tuple[str, int, int, str]:
+    """``_usage_of`` and the Elastra job that may plan with it again ("" for none).
+
+    A job's own pods are capacity it may plan with again, except pods being deleted: they
+    hold their node's CPU and GPUs until they are gone, so the scheduler would refuse their
+    replacements (a grown world then retried forever, "Insufficient cpu")."""
+    deleting = (pod.get("metadata") or {}).get("deletionTimestamp")
+    job = "" if deleting else _labels(pod).get(LABEL_JOB, "")
+    return (*_usage_of(pod), job)
+
+
 _NODES: LastOf[Sequence[JsonDict], Inventory] = LastOf()
 _USAGE: LastOf[Sequence[JsonDict], _Usage] = LastOf()
-_POD_USAGE: PerObject[JsonDict, tuple[str, int, int]] = PerObject(_usage_of)
-"""A new listing mostly holds the pods of the last one: their quantities are parsed once."""
+_POD_USAGE: PerObject[JsonDict, tuple[str, int, int, str]] = PerObject(_held_by)
+"""A new listing mostly holds the pods of the last one: each pod is read once, not per pass."""
 _EXTRA_USAGE: PerObject[JsonDict, tuple[str, int, int]] = PerObject(_usage_of)
 """The same for the reservations, which every pass reads and which change slowly."""
 _LEFT: LastOfAll[_Left] = LastOfAll()
