@@ -61,6 +61,9 @@ class ConditionReason(StrEnum):
     """Failed: restarts would exceed ``failurePolicy.maxRestarts``."""
     JOB_FAILED = "JobFailed"
     """Running, Resizing and Suspended False once the job failed."""
+    INVALID_SPEC = "InvalidSpec"
+    """Admitted False (and an Event): the operator cannot read a spec the API server accepted
+    (usually a CRD older than the operator); the message names the field."""
     FAILED_CREATE = "FailedCreate"
     """Event only: the API server refused a worker pod (a ResourceQuota, an admission webhook,
     a LimitRange); the batch waits gated and the pass is retried with backoff."""

@@ -7,11 +7,12 @@ map of job -> phase so that deleted jobs stop being counted.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from elastra.api import TrainingJobStatus
+from elastra.api import Phase, TrainingJobStatus
 
 JOBS = Gauge("elastra_jobs", "TrainingJobs by phase", ["phase"])
 RECONCILE_SECONDS = Histogram(
@@ -27,12 +28,12 @@ SYNCED = Gauge(
     "elastra_caches_synced", "1 once the node, pod and TrainingJob caches have their first list"
 )
 
-_phases: dict[tuple[str, str], str] = {}
+_phases: dict[tuple[str, str], Phase] = {}
 
 
 def observe_job(namespace: str, name: str, status: TrainingJobStatus) -> None:
     """Record a job's phase and restarts after a pass."""
-    _phases[(namespace, name)] = str(status.phase or "Pending")
+    _phases[(namespace, name)] = status.phase or Phase.PENDING
     RESTARTS.labels(namespace=namespace, job=name).set(status.restarts)
     _publish()
 
@@ -46,17 +47,6 @@ def forget_job(namespace: str, name: str) -> None:
 
 
 def _publish() -> None:
-    counts: dict[str, int] = {}
-    for phase in _phases.values():
-        counts[phase] = counts.get(phase, 0) + 1
-    for phase in (
-        "Pending",
-        "Placing",
-        "Running",
-        "Resizing",
-        "Degraded",
-        "Suspended",
-        "Succeeded",
-        "Failed",
-    ):
-        JOBS.labels(phase=phase).set(counts.get(phase, 0))
+    counts = collections.Counter(_phases.values())
+    for phase in Phase:
+        JOBS.labels(phase=str(phase)).set(counts[phase])

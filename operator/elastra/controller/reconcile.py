@@ -24,7 +24,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from elastra.api import TrainingJob, parse_trainingjob
+from elastra.api import (
+    ConditionStatus,
+    ConditionType,
+    Phase,
+    TrainingJob,
+    parse_trainingjob,
+)
 from elastra.controller import admission, metrics
 from elastra.controller.conditions import ConditionReason
 from elastra.controller.manifests import headless_service, is_gated, network_policy
@@ -84,7 +90,7 @@ async def reconcile(
         plan = plan_pass(observed, settings, clock())
         snapshot.reserve(plan.creates)
         await _apply(kube, snapshot, raw, plan, service=headless_service(job), settings=settings)
-        _log_pass(raw, plan)
+        _log_pass(raw, _writes(raw, plan))
         metrics.observe_job(namespace, name, plan.status)
         if watched and progress is not None:
             every = timedelta(seconds=progress.interval_s)
@@ -120,13 +126,12 @@ def _observe(
     )
 
 
-def _log_pass(raw: JsonDict, plan: PassPlan) -> None:
+def _log_pass(raw: JsonDict, writes: int) -> None:
     """One debug line per pass with its writes (the integration tests count quiet passes)."""
     if not log.isEnabledFor(logging.DEBUG):
         return
     meta = raw["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    writes = _writes(raw, plan)
     log.debug(
         "job %s/%s: pass done, writes=%d",
         namespace,
@@ -346,21 +351,29 @@ def _writes(raw: JsonDict, plan: PassPlan) -> int:
 
 
 async def _reject(kube: Kube, snapshot: ClusterSnapshot, raw: JsonDict, message: str) -> None:
-    """A spec the API server accepted but the operator cannot read: say so once."""
+    """A spec the API server accepted but the operator cannot read: say so once.
+
+    Nothing else is touched: the pods keep running and the world stays recorded, so a
+    corrected spec picks up where the job was.
+    """
+    message = message[:4096]
     status = dict(raw.get("status") or {})
-    conditions = [c for c in status.get("conditions") or [] if c.get("type") != "Admitted"]
+    previous = status.get("conditions") or []
+    said = {c.get("message") for c in previous if c.get("type") == ConditionType.ADMITTED}
+    if message in said:
+        _log_pass(raw, 0)
+        return
     admitted = {
-        "type": "Admitted",
-        "status": "False",
-        "reason": "InvalidSpec",
-        "message": message[:4096],
+        "type": str(ConditionType.ADMITTED),
+        "status": str(ConditionStatus.FALSE),
+        "reason": str(ConditionReason.INVALID_SPEC),
+        "message": message,
         "lastTransitionTime": utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    if any(
-        c.get("type") == "Admitted" and c.get("message") == message
-        for c in status.get("conditions") or []
-    ):
-        return
-    status.update({"conditions": [*conditions, admitted], "phase": "Failed"})
+    conditions = [c for c in previous if c.get("type") != ConditionType.ADMITTED]
+    status.update({"conditions": [*conditions, admitted], "phase": str(Phase.FAILED)})
     snapshot.wrote_job(raw, await resources.replace_job_status(kube, {**raw, "status": status}))
-    await events.record_event(kube, raw, kind="Warning", reason="InvalidSpec", message=message)
+    await events.record_event(
+        kube, raw, kind="Warning", reason=ConditionReason.INVALID_SPEC, message=message
+    )
+    _log_pass(raw, 2)
