@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -301,6 +301,23 @@ def _positive(value: int, name: str) -> int:
     return value
 
 
+_PLAN = ("plan.", _PLAN_DEFAULTS)
+_CHECKPOINT = ("checkpoint.", _CHECKPOINT_DEFAULTS)
+
+
+def _defaulted(
+    obj: Mapping[str, Any],
+    key: str,
+    section: tuple[str, Mapping[str, Any]],
+    *,
+    check: Callable[[int, str], int] = _positive,
+) -> int:
+    """An integer field of ``section`` (its prefix and defaults), passed through ``check``: the
+    default the writer leaves out is the one read here."""
+    where, defaults = section
+    return check(_get(obj, key, int, where, defaults[key]), where + key)
+
+
 def _string(obj: Mapping[str, Any], key: str, where: str, limit: int, default: Any = ...) -> str:
     """A string field of at most ``limit`` characters, without NUL (it may become a path)."""
     value: str = _get(obj, key, str, where, default)
@@ -438,16 +455,9 @@ def _parse_stages(raw: Mapping[str, Any], count: int) -> tuple[StageLayers, ...]
 
 def _parse_plan(raw: Mapping[str, Any], world_size: int, global_batch: int) -> Plan:
     dp = _positive(_get(raw, "dp", int, "plan.", max(world_size, 1)), "plan.dp")
-    tp = _positive(_get(raw, "tp", int, "plan.", _PLAN_DEFAULTS["tp"]), "plan.tp")
-    pp = _positive(_get(raw, "pp", int, "plan.", _PLAN_DEFAULTS["pp"]), "plan.pp")
-    mbs = _positive(
-        _get(raw, "microBatchSize", int, "plan.", _PLAN_DEFAULTS["microBatchSize"]),
-        "plan.microBatchSize",
-    )
-    vpp = _positive(
-        _get(raw, "virtualStages", int, "plan.", _PLAN_DEFAULTS["virtualStages"]),
-        "plan.virtualStages",
-    )
+    tp, pp = _defaulted(raw, "tp", _PLAN), _defaulted(raw, "pp", _PLAN)
+    mbs = _defaulted(raw, "microBatchSize", _PLAN)
+    vpp = _defaulted(raw, "virtualStages", _PLAN)
     shares = _int_list(raw, "batchShares")
     if world_size > 0:
         if dp * tp * pp != world_size:
@@ -514,26 +524,9 @@ def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
     ckpt_raw = _get(data, "checkpoint", dict, "", {})
     checkpoint = CheckpointSpec(
         path=_checkpoint_path(ckpt_raw),
-        interval_seconds=_nonneg(
-            _get(
-                ckpt_raw,
-                "intervalSeconds",
-                int,
-                "checkpoint.",
-                _CHECKPOINT_DEFAULTS["intervalSeconds"],
-            ),
-            "checkpoint.intervalSeconds",
-        ),
-        keep=_positive(
-            _get(ckpt_raw, "keep", int, "checkpoint.", _CHECKPOINT_DEFAULTS["keep"]),
-            "checkpoint.keep",
-        ),
-        interval_steps=_nonneg(
-            _get(
-                ckpt_raw, "intervalSteps", int, "checkpoint.", _CHECKPOINT_DEFAULTS["intervalSteps"]
-            ),
-            "checkpoint.intervalSteps",
-        ),
+        interval_seconds=_defaulted(ckpt_raw, "intervalSeconds", _CHECKPOINT, check=_nonneg),
+        keep=_defaulted(ckpt_raw, "keep", _CHECKPOINT),
+        interval_steps=_defaulted(ckpt_raw, "intervalSteps", _CHECKPOINT, check=_nonneg),
         uri=_checkpoint_uri(ckpt_raw),
     )
     global_batch = _get(data, "globalBatchSize", int, "", 0)
