@@ -20,7 +20,8 @@ failure fails it; one ``planning.JobPlanner`` (the job's requirements derived on
 of pods planned once) says where new pods could go; ``sharing`` says how many workers the job
 may have; a full world may move to faster GPUs; the resize policy decides; and ``_act``
 records the world it decided (``_record_world``), reports the conditions (``verdicts``) and
-writes the pods (``children``). ``_settle`` then adds the job's clock and its Kueue Workload.
+writes the pods (``children``). ``_settle`` then adds the job's clock and its Kueue Workload,
+and ``_pace`` holds back a status that only counts pods, written moments ago (``pacing``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 
 from elastra.api import (
     Condition,
+    ConditionStatus,
     ConditionType,
     Phase,
     ProgressStatus,
@@ -46,7 +48,13 @@ from elastra.controller import admission, lifetime, sharing
 from elastra.controller.admission import Gate, Hold
 from elastra.controller.capacity import cluster_inventory
 from elastra.controller.children import children, planned_pods
-from elastra.controller.conditions import ConditionReason, is_true, merge_conditions, phase_of
+from elastra.controller.conditions import (
+    ConditionReason,
+    condition,
+    is_true,
+    merge_conditions,
+    phase_of,
+)
 from elastra.controller.manifests import selector, worker_pod
 from elastra.controller.observe import (
     PodFacts,
@@ -56,6 +64,7 @@ from elastra.controller.observe import (
     parse_time,
     pod_facts,
 )
+from elastra.controller.pacing import status_wait
 from elastra.controller.planning import (
     JobPlanner,
     NewPod,
@@ -99,6 +108,8 @@ class Observation:
     """When this operator saw nodes deleted (see ``observe.pod_facts``)."""
     workload: JsonDict | None = None
     """The job's Kueue Workload, read only for a job with the queue-name label."""
+    status_written: datetime | None = None
+    """When this operator last wrote the job's status (see ``pacing``)."""
 
 
 class EventType(StrEnum):
@@ -132,6 +143,9 @@ class PassPlan:
     ungate: tuple[str, ...] = ()
     """Pods whose gates come off, after every create of the pass succeeded."""
     requeue: timedelta | None = None
+    status_wait: timedelta | None = None
+    """The status differs from the stored one only in counts: it is written by the pass this
+    long from now, not by this one (see ``pacing``)."""
     decision: ResizeDecision | None = field(default=None, compare=False)
     workload_create: dict[str, Any] | None = None
     """The job's Kueue Workload to create (after the status write)."""
@@ -154,7 +168,8 @@ def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> Pa
     else:
         hold = _hold(job, gate, late)
         plan = _running(obs, facts, gate=gate, hold=hold, settings=settings, now=now)
-    return _settle(plan, obs, gate=gate, has_pods=bool(facts), settings=settings, now=now)
+    plan = _settle(plan, obs, gate=gate, has_pods=bool(facts), settings=settings, now=now)
+    return _pace(plan, obs, now)
 
 
 def _facts(obs: Observation, now: datetime) -> dict[str, PodFacts]:
@@ -471,6 +486,8 @@ def _report(
         members=members,
         world_size=len(recorded.world.ranks),
         live=[f for f in facts.values() if f.view.retiring_since is None and not f.view.broken],
+        creating=decision.create,
+        forming=None if ctx.hold is not None else _forming(job.status, recorded, members),
         placement=placement,
         impossible=impossible,
         plan_problem=step.problem,
@@ -494,6 +511,22 @@ def _report(
         }
     )
     return status.model_copy(update={"phase": phase_of(status.conditions)})
+
+
+def _forming(
+    before: TrainingJobStatus, recorded: TrainingJobStatus, members: Sequence[PodFacts]
+) -> tuple[str, str] | None:
+    """The reason and message of the resize still in progress: Resizing was True, the world
+    is the one it recorded, and not every member of it is Ready yet."""
+    resize = condition(before, ConditionType.RESIZING)
+    if resize is None or resize.status != ConditionStatus.TRUE:
+        return None
+    if recorded.world.version != before.world.version or not recorded.world.ranks:
+        return None
+    ready = [f for f in members if f.view.state is WorkerState.READY]
+    if len(ready) == len(recorded.world.ranks):
+        return None
+    return resize.reason, resize.message
 
 
 def _staying(fact: PodFacts) -> bool:
@@ -620,6 +653,15 @@ def _settle(
         delete_job=expiry.delete,
         requeue=min(waits, default=None),
     )
+
+
+def _pace(plan: PassPlan, obs: Observation, now: datetime) -> PassPlan:
+    """Hold back a status that only counts pods, written moments ago (see ``pacing``)."""
+    wait = status_wait(obs.job.status, plan.status, written=obs.status_written, now=now)
+    if wait is None:
+        return plan
+    requeue = min(wait, plan.requeue) if plan.requeue is not None else wait
+    return replace(plan, status_wait=wait, requeue=requeue)
 
 
 def _template_pod(job: TrainingJob, settings: OperatorSettings) -> dict[str, Any]:

@@ -76,7 +76,7 @@ async def reconcile(
         try:
             job = parse_trainingjob(raw, source=f"trainingjob {namespace}/{name}")
         except UserError as err:
-            await _reject(kube, snapshot, raw, str(err))
+            await _reject(kube, snapshot, raw, str(err), now=clock())
             return None
         workload = None
         if admission.queue_of(job) is not None:
@@ -86,10 +86,12 @@ async def reconcile(
             pods = snapshot.job_pods(namespace, name)
             report, watched = await progress.read(job, pods, snapshot.read().nodes)
         # No await between observing and ``reserve``: see ClusterSnapshot.
+        now = clock()
         observed = _observe(snapshot, job, report=report, workload=workload)
-        plan = plan_pass(observed, settings, clock())
+        plan = plan_pass(observed, settings, now)
         snapshot.reserve(plan.creates)
-        await _apply(kube, snapshot, raw, plan, service=headless_service(job), settings=settings)
+        service = headless_service(job)
+        await _apply(kube, snapshot, raw, plan, service=service, settings=settings, now=now)
         _log_pass(raw, _writes(raw, plan))
         metrics.observe_job(namespace, name, plan.status)
         if watched and progress is not None:
@@ -123,6 +125,7 @@ def _observe(
         progress=report,
         lost_nodes=cluster.lost_nodes,
         workload=workload,
+        status_written=snapshot.status_written(namespace, name),
     )
 
 
@@ -149,12 +152,15 @@ async def _apply(
     *,
     service: dict[str, Any],
     settings: OperatorSettings,
+    now: datetime,
 ) -> None:
     """Write the plan in the protocol's order; reservations of creates not made are dropped."""
     meta = raw["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     try:
-        await _create_and_record(kube, snapshot, raw, plan, service=service, settings=settings)
+        await _create_and_record(
+            kube, snapshot, raw, plan, service=service, settings=settings, now=now
+        )
         if plan.workload_delete:
             await workloads.delete_workload(kube, namespace, plan.workload_delete)
         if plan.workload_create:
@@ -184,6 +190,7 @@ async def _create_and_record(
     *,
     service: dict[str, Any],
     settings: OperatorSettings,
+    now: datetime,
 ) -> None:
     """The pass's new pods and its status, in two rounds of writes where a batch has gated pods.
 
@@ -207,11 +214,11 @@ async def _create_and_record(
     if gated:
         await _together(
             _create_pods(kube, snapshot, raw, last, settings),
-            _write_status(kube, snapshot, raw, plan),
+            _write_status(kube, snapshot, raw, plan, now),
         )
     else:
         await _create_pods(kube, snapshot, raw, last, settings)
-        await _write_status(kube, snapshot, raw, plan)
+        await _write_status(kube, snapshot, raw, plan, now)
 
 
 async def _ensure_service_and_policy(
@@ -249,14 +256,14 @@ async def _refused(kube: Kube, raw: JsonDict, err: ApiError) -> None:
 
 
 async def _write_status(
-    kube: Kube, snapshot: ClusterSnapshot, raw: JsonDict, plan: PassPlan
+    kube: Kube, snapshot: ClusterSnapshot, raw: JsonDict, plan: PassPlan, now: datetime
 ) -> None:
-    """The status, once, and only when it changed; the cache holds the answer at once."""
-    new_status = plan.status.to_wire()
-    if new_status == (raw.get("status") or {}):
+    """The status, once, when it changed and is due (``pacing``); the cache holds the answer
+    at once, and the time of the pass, from which the next count-only change is paced."""
+    if not _status_due(raw, plan):
         return
-    written = await resources.replace_job_status(kube, {**raw, "status": new_status})
-    snapshot.wrote_job(raw, written)
+    written = await resources.replace_job_status(kube, {**raw, "status": plan.status.to_wire()})
+    snapshot.wrote_job(raw, written, at=now)
     if plan.world_changed:
         meta, world = raw["metadata"], plan.status.world
         log.info(
@@ -334,11 +341,15 @@ async def _create_pods(
         raise
 
 
+def _status_due(raw: JsonDict, plan: PassPlan) -> bool:
+    """The pass writes the status: it changed, and not only in counts written moments ago."""
+    return plan.status_wait is None and plan.status.to_wire() != (raw.get("status") or {})
+
+
 def _writes(raw: JsonDict, plan: PassPlan) -> int:
     """How many objects a pass changes (0 at steady state: a restarted operator is quiet)."""
-    status_write = plan.status.to_wire() != (raw.get("status") or {})
     return (
-        int(status_write)
+        int(_status_due(raw, plan))
         + len(plan.deletes)
         + len(plan.patches)
         + len(plan.creates)
@@ -350,7 +361,9 @@ def _writes(raw: JsonDict, plan: PassPlan) -> int:
     )
 
 
-async def _reject(kube: Kube, snapshot: ClusterSnapshot, raw: JsonDict, message: str) -> None:
+async def _reject(
+    kube: Kube, snapshot: ClusterSnapshot, raw: JsonDict, message: str, *, now: datetime
+) -> None:
     """A spec the API server accepted but the operator cannot read: say so once.
 
     Nothing else is touched: the pods keep running and the world stays recorded, so a
@@ -368,11 +381,12 @@ async def _reject(kube: Kube, snapshot: ClusterSnapshot, raw: JsonDict, message:
         "status": str(ConditionStatus.FALSE),
         "reason": str(ConditionReason.INVALID_SPEC),
         "message": message,
-        "lastTransitionTime": utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     conditions = [c for c in previous if c.get("type") != ConditionType.ADMITTED]
     status.update({"conditions": [*conditions, admitted], "phase": str(Phase.FAILED)})
-    snapshot.wrote_job(raw, await resources.replace_job_status(kube, {**raw, "status": status}))
+    written = await resources.replace_job_status(kube, {**raw, "status": status})
+    snapshot.wrote_job(raw, written, at=now)
     await events.record_event(
         kube, raw, kind="Warning", reason=ConditionReason.INVALID_SPEC, message=message
     )

@@ -101,9 +101,12 @@ class ClusterSnapshot:
     _slim: PerObject[JsonDict, JsonDict] = field(default_factory=lambda: PerObject(slim_pod))
     """Each cached pod's ``slim_pod``: a read re-slims only the pods that changed."""
     _lost_nodes: dict[str, datetime] = field(default_factory=dict)
+    _status_written: dict[Key, datetime] = field(default_factory=dict)
+    """When this operator last wrote each job's status (for ``pacing``), until the job goes."""
 
     def __post_init__(self) -> None:
         self.pods.listeners.append(self._pod_seen)
+        self.jobs.listeners.append(self._job_seen)
 
     @classmethod
     def watching(cls, kube: Kube, *, watch_timeout_s: float = 600.0) -> ClusterSnapshot:
@@ -210,9 +213,15 @@ class ClusterSnapshot:
         found = self._reserved.get((namespace, name))
         return found.pod if found is not None else self.pods.get(namespace, name)
 
-    def wrote_job(self, before: JsonDict, after: JsonDict) -> None:
-        """A status write returned ``after``: the cache holds it at once (see ``Informer``)."""
+    def wrote_job(self, before: JsonDict, after: JsonDict, *, at: datetime) -> None:
+        """A status write (by the pass of time ``at``) returned ``after``: the cache holds it
+        at once (see ``Informer``)."""
         self.jobs.written(version_of(before), after)
+        self._status_written[key_of(after)] = at
+
+    def status_written(self, namespace: str, name: str) -> datetime | None:
+        """When this operator last wrote the job's status (``None``: not since it started)."""
+        return self._status_written.get((namespace, name))
 
     def wrote_pod(self, before: JsonDict | None, after: JsonDict | None) -> None:
         """A pod patch from ``before`` returned ``after`` (``None``: the pod was gone)."""
@@ -231,6 +240,11 @@ class ClusterSnapshot:
             n: t for n, t in self._lost_nodes.items() if when - t < LOST_NODE_MEMORY
         }
         self._lost_nodes.setdefault(name, when)
+
+    def _job_seen(self, kind: str, old: JsonDict | None, new: JsonDict | None) -> None:
+        """A job that is gone has no status to pace."""
+        if new is None and old is not None:
+            self._status_written.pop(key_of(old), None)
 
     def _pod_seen(self, kind: str, old: JsonDict | None, new: JsonDict | None) -> None:
         """The pods informer reported a pod: from now on the cache tells its truth."""

@@ -38,6 +38,11 @@ class Findings:
     live: Sequence[PodFacts]
     """Pods neither retiring nor broken: the ones that should be, or get, bound."""
     placement: Placement
+    creating: int = 0
+    """Pods this pass creates: live from now on, and not bound yet."""
+    forming: tuple[str, str] | None = None
+    """The reason and message of the resize whose world is still forming (recorded by an
+    earlier pass; not every member is Ready yet), if one is."""
     impossible: str | None = None
     """Why waiting cannot help (no node of an allowed GPU type), if so."""
     plan_problem: str | None = None
@@ -56,16 +61,17 @@ def admitted(found: Findings) -> Verdict:
 
 
 def placed(found: Findings) -> Verdict:
-    """Placed: every live pod is bound to a node."""
+    """Placed: every live pod (and every pod the pass creates) is bound to a node."""
     unbound = [f for f in found.live if not f.bound]
-    true = bool(found.live) and not unbound
+    live = len(found.live) + found.creating
+    true = live > 0 and not unbound and not found.creating
     reason: str = ConditionReason.PLACED
-    message = f"{len(found.live) - len(unbound)} of {len(found.live)} bound"
+    message = f"{len(found.live) - len(unbound)} of {live} bound"
     if found.impossible is not None:
         reason, message = ConditionReason.UNPLACEABLE, found.impossible
-    elif not found.live and found.placement.reason:
+    elif not live and found.placement.reason:
         reason, message = ConditionReason.INSUFFICIENT_CAPACITY, found.placement.reason
-    elif unbound:
+    elif unbound or found.creating:
         stuck = any(f.view.unschedulable for f in unbound)
         reason = ConditionReason.UNSCHEDULABLE if stuck else ConditionReason.BINDING
     return Verdict(ConditionType.PLACED, true, reason, message)
@@ -83,10 +89,14 @@ def running(found: Findings) -> Verdict:
 
 
 def resizing(found: Findings) -> Verdict:
-    """Resizing: the decision changes the world or its pods."""
+    """Resizing: the decision changes the world or its pods, or the world an earlier resize
+    recorded is still forming (like a Deployment's Progressing: True until the change is
+    done, with the resize's reason and message, so the passes in between write nothing)."""
     decision = found.decision
     if decision.resizes:
         return Verdict(ConditionType.RESIZING, True, decision.reason.value, decision.message)
+    if found.forming is not None:
+        return Verdict(ConditionType.RESIZING, True, *found.forming)
     return Verdict(ConditionType.RESIZING, False, ConditionReason.STEADY)
 
 

@@ -44,6 +44,8 @@ class FakeCluster:
     now: datetime = T0
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: list[tuple[str, str]] = field(default_factory=list)
+    status_written: datetime | None = None
+    """When a pass last wrote the status (``pacing`` holds back counts written moments ago)."""
 
     @property
     def job(self) -> TrainingJob:
@@ -55,7 +57,8 @@ class FakeCluster:
         ``refused``: pods whose create the API server refuses. The pass then stops where the
         reconciler would: at a refused gated pod before the status; at the batch's last pod
         (created together with the status) after it, before any other write."""
-        obs = Observation(self.job, list(self.pods.values()), self.nodes, list(self.pods.values()))
+        pods = list(self.pods.values())
+        obs = Observation(self.job, pods, self.nodes, pods, status_written=self.status_written)
         plan = plan_pass(obs, self.settings, self.now)
         self._apply(plan, refused)
         self.now += timedelta(seconds=seconds)
@@ -71,7 +74,9 @@ class FakeCluster:
         last_refused = any(p["metadata"]["name"] in refused for p in last)
         if last_refused and not gated:
             return  # a lone pod is created before the status, which is then not written
-        self.job_body["status"] = plan.status.to_wire()
+        if plan.status_wait is None and plan.status.to_wire() != self.job_body.get("status"):
+            self.job_body["status"] = plan.status.to_wire()
+            self.status_written = self.now
         if last_refused:
             return
         for name in plan.deletes:
@@ -95,11 +100,14 @@ class FakeCluster:
     def stamp(self) -> str:
         return self.now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    def schedule_and_run(self) -> None:
-        """What the scheduler and kubelet would do: bind ungated pods, make them Ready."""
-        for pod in self.pods.values():
+    def schedule_and_run(self, *names: str) -> None:
+        """What the scheduler and kubelet would do: bind ungated pods (those of ``names``, when
+        given), make them Ready."""
+        for name, pod in self.pods.items():
             spec = pod["spec"]
             if spec.get("schedulingGates") or pod["status"].get("phase") != "Pending":
+                continue
+            if names and name not in names:
                 continue
             terms = spec["affinity"]["nodeAffinity"][
                 "requiredDuringSchedulingIgnoredDuringExecution"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from elastra.api import parse_trainingjob
+from elastra.api import TrainingJobStatus, parse_trainingjob
 from elastra.commands.status import render
 from elastra.controller.manifests import ANNOTATION_ASSIGNMENT, GANG_GATE, LABEL_LEADER
 from elastra.controller.passplan import Observation, plan_pass
@@ -138,6 +138,45 @@ def test_world_forms_when_all_ready_and_assignments_follow() -> None:
     assert {assignment(cluster, p)["worldVersion"] for p in cluster.pods} == {1}
     assert status.phase == "Running"
     assert status.ready_replicas == 4
+
+
+def conditions(status: TrainingJobStatus) -> dict[str, tuple[str, str, str]]:
+    """Each condition's status, reason and message, by type."""
+    return {str(c.type): (str(c.status), c.reason, c.message) for c in status.conditions}
+
+
+def test_a_world_whose_pods_start_one_by_one_costs_two_status_writes() -> None:
+    """Resizing stays True until every member is Ready, and the counts between (bound,
+    running, Ready) wait out ``pacing.STATUS_PACE``: what is written is the world, then the
+    world running."""
+    cluster = FakeCluster(job(), h100s(4), SETTINGS)
+    written = [cluster.step().status_wait is None]
+    stored = [cluster.job_body["status"]]
+    for name in ["gpt-w0", "gpt-w1", "gpt-w2", "gpt-w3"]:
+        cluster.schedule_and_run(name)
+        plan = cluster.step()
+        written.append(plan.status_wait is None)
+        if cluster.job_body["status"] != stored[-1]:
+            stored.append(cluster.job_body["status"])
+    assert written == [True, False, False, False, True]
+    first, running = (parse_trainingjob({**cluster.job_body, "status": s}).status for s in stored)
+    assert (first.phase, running.phase) == ("Resizing", "Running")
+    assert first.world == running.world and running.ready_replicas == 4
+    assert conditions(first)["Placed"] == ("False", "Binding", "0 of 4 bound")
+    assert conditions(running)["Resizing"] == ("False", "Steady", "")
+
+
+def test_counts_held_back_are_written_once_the_pace_allows() -> None:
+    cluster = FakeCluster(job(), h100s(4), SETTINGS)
+    cluster.step()
+    cluster.schedule_and_run("gpt-w0")
+    held = cluster.step(seconds=0)
+    assert held.status_wait is not None and held.requeue == held.status_wait
+    assert cluster.job.status.ready_replicas == 0
+    cluster.now += held.status_wait
+    assert cluster.step().status_wait is None
+    assert cluster.job.status.ready_replicas == 1
+    assert conditions(cluster.job.status)["Placed"] == ("False", "Binding", "1 of 4 bound")
 
 
 def test_steady_state_writes_nothing() -> None:

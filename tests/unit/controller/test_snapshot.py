@@ -9,6 +9,7 @@ against the real API server in tests/integration.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from elastra.controller.planning import cluster_inventory
 from elastra.controller.sharing import _live_pods
 from elastra.controller.snapshot import Cluster, ClusterSnapshot, job_of, keep_pod
 from elastra.kube.informer import Informer
-from tests.unit.controller.fakecluster import node
+from tests.unit.controller.fakecluster import T0, node
 
 
 def gated_pod(name: str, *, node_name: str = "n1", gpus: int = 4) -> dict[str, Any]:
@@ -151,12 +152,29 @@ def test_a_status_write_is_in_the_cache_at_once_unless_the_watch_was_faster() ->
     job = {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "3"}, "status": {}}
     snap.jobs.apply({"type": "ADDED", "object": job})
     written = {**job, "metadata": {**job["metadata"], "resourceVersion": "4"}, "status": {"a": 1}}
-    snap.wrote_job(job, written)
+    snap.wrote_job(job, written, at=T0)
     assert snap.job("ns", "j") == written
     newer = {**written, "metadata": {**written["metadata"], "resourceVersion": "6"}}
     snap.jobs.apply({"type": "MODIFIED", "object": newer})
-    snap.wrote_job(job, {**written, "status": {"stale": True}})
+    snap.wrote_job(job, {**written, "status": {"stale": True}}, at=T0)
     assert snap.job("ns", "j") == newer
+
+
+def test_the_time_of_a_jobs_last_status_write_is_kept_until_the_job_goes() -> None:
+    snap = synced_snapshot()
+    job = {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "3"}, "status": {}}
+    snap.jobs.apply({"type": "ADDED", "object": job})
+    assert snap.status_written("ns", "j") is None
+    written = {**job, "metadata": {**job["metadata"], "resourceVersion": "4"}}
+    snap.wrote_job(job, written, at=T0)
+    later = T0 + timedelta(seconds=3)
+    snap.wrote_job(
+        written, {**written, "metadata": {**job["metadata"], "resourceVersion": "5"}}, at=later
+    )
+    assert snap.status_written("ns", "j") == later
+    assert snap.status_written("ns", "other") is None
+    snap.jobs.apply({"type": "DELETED", "object": written})
+    assert snap.status_written("ns", "j") is None
 
 
 def test_a_patch_answer_updates_the_cache_or_the_reservation() -> None:

@@ -108,6 +108,8 @@ CASES: list[Any] = [
         (False, "InsufficientCapacity", "no plan fits: x"),
     ),
     (placed, {"impossible": "no A100", "live": []}, (False, "Unplaceable", "no A100")),
+    (placed, {"live": [], "creating": 2}, (False, "Binding", "0 of 2 bound")),
+    (placed, {"live": [pod(0)], "creating": 1}, (False, "Binding", "1 of 2 bound")),
     # Running
     (running, {}, (True, "WorldRunning", "2 workers in the world")),
     (
@@ -126,6 +128,11 @@ CASES: list[Any] = [
             )
         },
         (True, "ScaledDown", "m"),
+    ),
+    (
+        resizing,
+        {"forming": ("WorldFormed", "formed a world of 2 workers")},
+        (True, "WorldFormed", "formed a world of 2 workers"),
     ),
     # Degraded
     (degraded, {}, (False, "AtDesired", "")),
