@@ -10,10 +10,14 @@ an operator that still created the Lease, that create fails every time.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from elastra.controller.leader import LEASE_NAME
+from elastra.controller.leader import LEASE_NAME, LeaderElector
+from elastra.kube.client import Kube
+from elastra.kube.config import load_connection
 from tests.integration.conftest import Cluster
 from tests.integration.operator.conftest import Jobs, OperatorProcess
 
@@ -52,3 +56,46 @@ def test_an_operator_started_before_the_charts_lease_leaves_its_creation_to_the_
         assert lease["spec"]["holderIdentity"], lease
     finally:
         operator.stop()
+
+
+def test_a_holder_renews_with_one_write_and_yields_to_a_lease_taken_from_it(
+    cluster: Cluster, jobs: Jobs
+) -> None:
+    """Two electors on the real API server: the holder renews by writing the Lease it last
+    wrote (one request, no read); once the other took the Lease over (the holder's renewals
+    stopped for longer than the duration, by the clocks the test passes), the holder's write
+    meets the resourceVersion precondition, it reads the Lease and stands by."""
+    connection = load_connection(str(cluster.kubeconfig))
+    t0 = datetime.now(UTC)
+
+    async def play() -> list[tuple[str, bool, int]]:
+        async with Kube(connection) as kube:
+            a = LeaderElector(kube, jobs.namespace, "a")
+            b = LeaderElector(kube, jobs.namespace, "b")
+            seen: list[tuple[str, bool, int]] = []
+
+            async def attempt(name: str, elector: LeaderElector, at: timedelta) -> None:
+                before = sum(kube.requests.values())
+                won = await elector.try_acquire(t0 + at)
+                seen.append((name, won, sum(kube.requests.values()) - before))
+
+            await attempt("a takes", a, timedelta(0))
+            await attempt("a renews", a, timedelta(seconds=5))
+            await attempt("b waits", b, timedelta(seconds=6))
+            await attempt("b takes the expired Lease", b, timedelta(seconds=30))
+            await attempt("a finds it taken", a, timedelta(seconds=31))
+            await attempt("a still finds it taken", a, timedelta(seconds=36))
+            return seen
+
+    seen = asyncio.run(play())
+    assert seen == [
+        ("a takes", True, 2),  # read (none there), create
+        ("a renews", True, 1),  # the write alone
+        ("b waits", False, 1),  # read: a holds it
+        ("b takes the expired Lease", True, 2),  # read, write
+        ("a finds it taken", False, 2),  # its write conflicts, then it reads
+        ("a still finds it taken", False, 1),  # read only
+    ]
+    lease = cluster.get("lease", LEASE_NAME, "-n", jobs.namespace)
+    assert lease["spec"]["holderIdentity"] == "b"
+    assert lease["spec"]["leaseTransitions"] == 1
