@@ -5,10 +5,11 @@ pods, the nodes and the cluster's pods from the shared ``ClusterSnapshot`` (watc
 a pass makes no read request, except a queued job's Kueue Workload), hands them to
 ``plan_pass`` and applies the result in the order the protocol needs: new pods first (gated:
 they carry the assignments of the world about to be recorded, and run nothing until their gate
-comes off), then the status (with a resourceVersion precondition, and only when it changed),
-then deletes, pod patches and ungates, then events. A steady job's pass therefore makes no
-request at all. A pass stopped after its creates leaves only gated pods: the next pass forms
-its world of them (or tells them otherwise) before it ungates them.
+comes off), then the status (with a resourceVersion precondition, and only when it changed:
+a change of counts alone waits out ``pacing.STATUS_PACE``), then deletes, pod patches and
+ungates, then events. A steady job's pass therefore makes no request at all. A pass stopped
+after its creates leaves only gated pods: the next pass forms its world of them (or tells
+them otherwise) before it ungates them.
 
 A 409 on the status write means another writer got there first, or the cache was behind:
 the pass stops and the next one reads again. Nothing here swallows other errors; the caller
