@@ -31,7 +31,7 @@ from typing import Any
 
 from elastra.controller import metrics
 from elastra.kube import resources
-from elastra.kube.client import ApiError, ConflictError, Kube
+from elastra.kube.client import ApiError, ConflictError, JsonDict, Kube
 
 log = logging.getLogger("elastra.leader")
 
@@ -77,7 +77,7 @@ class LeaderElector:
     create: bool = True
     """Create the Lease when it is missing; ``False`` when the Helm chart owns it."""
     leading: bool = False
-    _held: dict[str, Any] | None = None
+    _held: JsonDict | None = None
     """The Lease as this operator last wrote it: the next renewal writes on top of it without
     reading it first, as client-go's leader election does (one request per renewal instead of
     two); a write that finds it changed meets its resourceVersion precondition, and the
@@ -97,7 +97,8 @@ class LeaderElector:
 
     async def try_acquire(self, now: datetime) -> bool:
         """One attempt to take or renew the Lease."""
-        if self._held is not None and await self._renew_held(now):
+        held, self._held = self._held, None
+        if held is not None and await self._renew(held, now):
             return True
         lease = await resources.get_lease(self.kube, self.namespace, LEASE_NAME)
         if lease is None and not self.create:
@@ -115,7 +116,7 @@ class LeaderElector:
             if lease is None:
                 spec["acquireTime"] = stamp
                 created = await resources.create_lease(self.kube, self.namespace, LEASE_NAME, spec)
-                self._held = dict(created) if created is not None else None
+                self._held = created
                 return created is not None
             else:
                 if (lease.get("spec") or {}).get("holderIdentity") != self.me:
@@ -123,18 +124,16 @@ class LeaderElector:
                     spec["leaseTransitions"] = (
                         int((lease.get("spec") or {}).get("leaseTransitions") or 0) + 1
                     )
-                written = await resources.replace_lease(self.kube, {**lease, "spec": spec})
-                self._held = dict(written)
+                self._held = await resources.replace_lease(self.kube, {**lease, "spec": spec})
         except ConflictError:
             return False
         return True
 
-    async def _renew_held(self, now: datetime) -> bool:
+    async def _renew(self, held: JsonDict, now: datetime) -> bool:
         """Renew the Lease as last written, unread; ``False``: someone wrote it since."""
-        held, self._held = self._held or {}, None
         spec = {**(held.get("spec") or {}), "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
         try:
-            self._held = dict(await resources.replace_lease(self.kube, {**held, "spec": spec}))
+            self._held = await resources.replace_lease(self.kube, {**held, "spec": spec})
         except ConflictError:
             return False
         return True

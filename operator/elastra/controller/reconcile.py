@@ -91,8 +91,9 @@ async def reconcile(
         observed = _observe(snapshot, job, report=report, workload=workload)
         plan = plan_pass(observed, settings, now)
         snapshot.reserve(plan.creates)
-        service = headless_service(job)
-        await _apply(kube, snapshot, raw, plan, service=service, settings=settings, now=now)
+        await _apply(
+            kube, snapshot, raw, plan, service=headless_service(job), settings=settings, now=now
+        )
         _log_pass(raw, _writes(raw, plan))
         metrics.observe_job(namespace, name, plan.status)
         if watched and progress is not None:
@@ -261,9 +262,10 @@ async def _write_status(
 ) -> None:
     """The status, once, when it changed and is due (``pacing``); the cache holds the answer
     at once, and the time of the pass, from which the next count-only change is paced."""
-    if not _status_due(raw, plan):
+    new_status = plan.status.to_wire()
+    if plan.status_wait is not None or new_status == (raw.get("status") or {}):
         return
-    written = await resources.replace_job_status(kube, {**raw, "status": plan.status.to_wire()})
+    written = await resources.replace_job_status(kube, {**raw, "status": new_status})
     snapshot.wrote_job(raw, written, at=now)
     if plan.world_changed:
         meta, world = raw["metadata"], plan.status.world
@@ -342,15 +344,11 @@ async def _create_pods(
         raise
 
 
-def _status_due(raw: JsonDict, plan: PassPlan) -> bool:
-    """The pass writes the status: it changed, and not only in counts written moments ago."""
-    return plan.status_wait is None and plan.status.to_wire() != (raw.get("status") or {})
-
-
 def _writes(raw: JsonDict, plan: PassPlan) -> int:
     """How many objects a pass changes (0 at steady state: a restarted operator is quiet)."""
+    status_write = plan.status_wait is None and plan.status.to_wire() != (raw.get("status") or {})
     return (
-        int(_status_due(raw, plan))
+        int(status_write)
         + len(plan.deletes)
         + len(plan.patches)
         + len(plan.creates)
