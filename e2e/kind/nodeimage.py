@@ -40,7 +40,13 @@ from pathlib import Path
 
 from e2e import hostpkgs
 from e2e.images.archive import Layer, layer_from_dir, layer_from_files, write_archive
-from e2e.images.build import _cached_layer, _chroot_env, apt_mirror, build_pause
+from e2e.images.build import (
+    _cached_layer,
+    _chroot_env,
+    apt_mirror,
+    build_pause,
+    drop_layer_blobs,
+)
 
 HERE = Path(__file__).resolve().parent
 NODE_FILES = HERE / "node"
@@ -433,20 +439,12 @@ def build_preloaded(images: list[PackedImage]) -> Layer:
                         proc.stdin.close()
                     if proc.wait() != 0:
                         raise SystemExit(f"kind-image: ctr import of {image.tag} failed")
-                blobs = [layer.digest for image in images for layer in image.layers]
-                # The archive's layers are uncompressed, so their blob digest is the diff_id.
-                # One digest per call: ctr stops at the first digest it cannot remove.
-                for digest in sorted(set(blobs)):
-                    subprocess.run(
-                        [*base, "content", "rm", digest],
-                        check=False,
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                    )
+                layers = [layer for image in images for layer in image.layers]
+                drop_layer_blobs(base, layers)
                 # containerd deletes the files in its next garbage collection, soon after.
                 files = [
                     root / "io.containerd.content.v1.content/blobs" / d.replace(":", "/")
-                    for d in blobs
+                    for d in {layer.digest for layer in layers}
                 ]
                 for _ in range(150):
                     if not any(f.exists() for f in files):
