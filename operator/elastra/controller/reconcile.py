@@ -366,7 +366,9 @@ async def _reject(
     """A spec the API server accepted but the operator cannot read: say so once.
 
     Nothing else is touched: the pods keep running and the world stays recorded, so a
-    corrected spec picks up where the job was.
+    corrected spec picks up where the job was. The phase stays what it was (a running job
+    still trains on its last readable spec, and tools that act on `Failed` must not clean
+    it up); only a job that never had one reads `Failed`.
     """
     message = message[:4096]
     status = dict(raw.get("status") or {})
@@ -383,7 +385,8 @@ async def _reject(
         "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     conditions = [c for c in previous if c.get("type") != ConditionType.ADMITTED]
-    status.update({"conditions": [*conditions, admitted], "phase": str(Phase.FAILED)})
+    phase = status.get("phase") or str(Phase.FAILED)
+    status.update({"conditions": [*conditions, admitted], "phase": phase})
     written = await resources.replace_job_status(kube, {**raw, "status": status})
     snapshot.wrote_job(raw, written, at=now)
     await events.record_event(

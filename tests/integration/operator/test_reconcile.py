@@ -94,6 +94,7 @@ def test_a_spec_the_operator_cannot_read_is_reported_once_and_its_workers_keep_r
         assert warnings[0]["message"] == admitted["message"]
         assert _pods(jobs, "unreadable") == running, "bad input deletes no worker"
         assert status["world"] == world
+        assert status["phase"] == "Running", "its workers still train: the job has not failed"
         jobs.wait("the corrected spec is accepted", lambda: set_min_replicas(1))
     jobs.wait(
         "Admitted=True again",
