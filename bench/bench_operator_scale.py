@@ -44,6 +44,8 @@ Environment: ELASTRA_BENCH_JOBS (300), ELASTRA_BENCH_WORKERS (8), ELASTRA_BENCH_
 (hetero-large), ELASTRA_BENCH_CLUSTER_DIR (a private cluster folder, created and removed),
 ELASTRA_BENCH_WORLDS_WAIT_S (600: longest wait for worlds once the pods run),
 ELASTRA_BENCH_OPERATOR_ARGS (more options for the operator, as a shell would split them),
+ELASTRA_BENCH_OPERATOR_LOG (a file for the operator's output, discarded when unset; with
+ELASTRA_BENCH_OPERATOR_ARGS=--verbose it names the fields each status write changed),
 ELASTRA_BENCH_ENDPOINT_CONTROLLERS (off).
 """
 
@@ -94,6 +96,7 @@ WORLDS_WAIT_S = float(os.environ.get("ELASTRA_BENCH_WORLDS_WAIT_S", "600"))
 ENDPOINTS = os.environ.get("ELASTRA_BENCH_ENDPOINT_CONTROLLERS", "off")
 """``on``: run the controller-manager's endpoint controllers too (see the module docstring)."""
 OPERATOR_ARGS = shlex.split(os.environ.get("ELASTRA_BENCH_OPERATOR_ARGS", ""))
+OPERATOR_LOG = os.environ.get("ELASTRA_BENCH_OPERATOR_LOG", "")
 """More ``elastra run`` options, to compare settings (``--passes-at-once 16``)."""
 NAMESPACE = "bench"
 TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
@@ -605,14 +608,15 @@ async def measure(
 
 def start_operator(kubeconfig: Path, metrics_port: int) -> subprocess.Popen[bytes]:
     """``elastra run`` for the bench namespace, as a process of its own (its CPU is its own)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "elastra.cli", "run", f"--kubeconfig={kubeconfig}",
-         f"--namespace={NAMESPACE}", f"--lease-namespace={NAMESPACE}",
-         "--toleration=kwok.x-k8s.io/node=fake:NoSchedule",
-         f"--metrics-port={metrics_port}", "--health-port=0", "--log-format=plain",
-         *OPERATOR_ARGS],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    argv = [sys.executable, "-m", "elastra.cli", "run", f"--kubeconfig={kubeconfig}",
+            f"--namespace={NAMESPACE}", f"--lease-namespace={NAMESPACE}",
+            "--toleration=kwok.x-k8s.io/node=fake:NoSchedule",
+            f"--metrics-port={metrics_port}", "--health-port=0", "--log-format=plain",
+            *OPERATOR_ARGS]  # fmt: skip
+    if not OPERATOR_LOG:
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(OPERATOR_LOG, "ab") as output:
+        return subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT)
 
 
 def stop_operator(operator: subprocess.Popen[bytes]) -> None:

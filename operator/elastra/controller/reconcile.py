@@ -40,6 +40,7 @@ from elastra.controller.passplan import Observation, PassPlan, plan_pass
 from elastra.controller.progress import ProgressReader
 from elastra.controller.settings import OperatorSettings
 from elastra.controller.snapshot import ClusterSnapshot
+from elastra.controller.status_changes import changed_fields
 from elastra.errors import UserError
 from elastra.kube import events, resources, workloads
 from elastra.kube.client import ApiError, ConflictError, JsonDict, Kube, gather_limited
@@ -267,6 +268,11 @@ async def _write_status(
         return
     written = await resources.replace_job_status(kube, {**raw, "status": new_status})
     snapshot.wrote_job(raw, written, at=now)
+    if log.isEnabledFor(logging.DEBUG):
+        job = f"{raw['metadata']['namespace']}/{raw['metadata']['name']}"
+        changed = changed_fields(raw.get("status") or {}, new_status)
+        log.debug("job %s: status written: %s", job, " ".join(changed),
+                  extra={"job": job, "statusChanges": changed})  # fmt: skip
     if plan.world_changed:
         meta, world = raw["metadata"], plan.status.world
         log.info(
