@@ -60,6 +60,7 @@ echo "e2e-kind: building and loading the worker and operator images"
 "$PYTHON" -m e2e.images build worker operator
 # Only into the nodes that run pods, blobs dropped once unpacked (see e2e/kind/images.py).
 "$PYTHON" -m e2e.kind.images --name "$NAME" --kind "$KIND" worker operator
+echo "e2e-kind: images in; disk free here: $(df -h --output=avail . | tail -1 | tr -d ' ')"
 
 echo "e2e-kind: running the e2e suite (timeout ${TIMEOUT}s)"
 ELASTRA_E2E_KUBECONFIG="$work/kubeconfig" timeout -k 30 "$TIMEOUT" "$PYTHON" -m pytest e2e/suite "$@"

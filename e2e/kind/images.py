@@ -12,18 +12,18 @@ stored the same way). Per worker node that is 5.6 GiB instead of 11. The import 
 kind does (``ctr images import`` in the node, with the node's snapshotter), so the same code
 serves kind's published node images.
 
-Three worker nodes still held three unpacked copies (17 GiB), and a CI run once stopped at "no
-space left on device" in the third. So after each node's import, the files of its unpacked
-layers become hard links to the first node's (e2e/kind/hardlinks.py): the second and third
-copies cost only while they are unpacked. That needs the nodes' /var volumes on this machine's
-disk and the overlayfs snapshotter; elsewhere (a docker daemon in a VM) each node keeps its own
-copy, as before.
+Three worker nodes still held three unpacked copies (17 GiB) beside the real node's, and a CI
+run once stopped at "no space left on device" in the third. So after each node's import, the
+files of its unpacked layers become hard links to a copy already on this machine's disk: the
+real node's store when it holds the same image (e2e/images/build.py records where), else the
+first node's (e2e/kind/hardlinks.py). A node's copy then costs disk only while it is
+unpacked. That needs the nodes' /var volumes on this machine's disk and the overlayfs
+snapshotter; elsewhere (a docker daemon in a VM) each node keeps its own copy, as before.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -31,10 +31,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
+from e2e.images import unpacked
 from e2e.images.archive import write_archive
-from e2e.images.build import BUILDERS, Image, drop_layer_blobs
+from e2e.images.build import BUILDERS, Image, drop_layer_blobs, recorded_layers
 from e2e.kind.cluster import DEFAULT_NAME, Env, environment, kind_binary, say
 from e2e.kind.hardlinks import Linked, link_identical
 
@@ -97,29 +97,6 @@ def load_into(env: Env, node: str, image: Image) -> str:
     return unpacker
 
 
-def chain_ids(diff_ids: list[str]) -> list[str]:
-    """Each layer's ChainID (OCI image spec), lowest first: the key containerd gives the
-    snapshot of the image unpacked up to that layer."""
-    chain = diff_ids[:1]
-    for diff_id in diff_ids[1:]:
-        chain.append("sha256:" + hashlib.sha256(f"{chain[-1]} {diff_id}".encode()).hexdigest())
-    return chain
-
-
-def lower_dirs(mounts: list[dict[str, Any]]) -> list[str]:
-    """The directories of a read-only view's mounts (``ctr snapshots view --mounts``), top
-    first: overlayfs lists them in its lowerdir option, one layer is a bind mount of its own."""
-    if len(mounts) != 1:
-        raise ValueError(f"a view has one mount, not {len(mounts)}: {mounts}")
-    (mount,) = mounts
-    if mount.get("Type") == "bind":
-        return [str(mount["Source"])]
-    for option in mount.get("Options") or []:
-        if option.startswith("lowerdir="):
-            return str(option).removeprefix("lowerdir=").split(":")
-    raise ValueError(f"not a read-only overlay or bind mount: {mount}")
-
-
 def var_on_host(env: Env, node: str) -> Path | None:
     """Where the node's /var volume lies on this machine, or None (a daemon elsewhere)."""
     raw = env.docker("inspect", "--format", "{{json .Mounts}}", node).stdout or "[]"
@@ -135,25 +112,21 @@ def layer_dirs(env: Env, node: str, image: Image, snapshotter: str) -> list[Path
     var = var_on_host(env, node)
     if var is None or snapshotter != "overlayfs":
         return None
-    top = chain_ids([layer.digest for layer in image.layers])[-1]
-    probe = f"elastra-layers-{os.getpid()}"
-    ctr = ["exec", node, "ctr", "--namespace=k8s.io", "snapshots", f"--snapshotter={snapshotter}"]
-    view = env.docker(*ctr, "view", "--mounts", probe, top)
-    env.docker(*ctr, "rm", probe)
-    if view.returncode != 0:
-        say(f"{node}: no view of {image.tag}'s layers: {view.stderr.strip()}")
+    ctr = ["docker", "exec", node, "ctr", "--namespace=k8s.io"]
+    try:
+        inside = unpacked.layer_dirs(ctr, [layer.digest for layer in image.layers], env=env.vars)
+    except (subprocess.CalledProcessError, ValueError) as err:
+        say(f"{node}: where {image.tag}'s layers lie is unknown ({err}); they stay copies")
         return None
-    inside = [Path(d) for d in reversed(lower_dirs(json.loads(view.stdout)))]
-    return [var / d.relative_to("/var") for d in inside]
+    return [var / Path(d).relative_to("/var") for d in inside]
 
 
-def share_layers(first: list[Path], node: str, dirs: list[Path]) -> None:
-    """Hard-link the node's unpacked layers to the first node's (e2e/kind/hardlinks.py)."""
+def share_layers(reference: list[Path], node: str, dirs: list[Path], *, of: str) -> None:
+    """Hard-link the node's unpacked layers to the reference's (e2e/kind/hardlinks.py)."""
     linked = Linked()
-    for reference, target in zip(first, dirs, strict=True):
-        linked += link_identical(reference, target)
-    say(f"{node}: {linked.files} files ({linked.bytes / 2**20:.0f} MiB) shared with the first "
-        "node by hard links")  # fmt: skip
+    for theirs, mine in zip(reference, dirs, strict=True):
+        linked += link_identical(theirs, mine)
+    say(f"{node}: {linked.files} files ({linked.bytes / 2**20:.0f} MiB) hard-linked to {of}")
 
 
 def load(name: str, images: list[str], *, kind: str) -> None:
@@ -162,15 +135,16 @@ def load(name: str, images: list[str], *, kind: str) -> None:
     nodes = pod_nodes(env, kind, name)
     for image_name in images:
         image = BUILDERS[image_name]()
-        first: list[Path] | None = None
+        reference, of = recorded_layers(image), "the real node's copy"
         for node in nodes:
             started = time.monotonic()
             say(f"{image.tag} ({image.size / 2**20:.0f} MiB) into {node} ...")
             snapshotter = load_into(env, node, image)
             dirs = layer_dirs(env, node, image, snapshotter)
-            if first is not None and dirs is not None:
-                share_layers(first, node, dirs)
-            first = first or dirs
+            if reference is not None and dirs is not None:
+                share_layers(reference, node, dirs, of=of)
+            elif dirs is not None:
+                reference, of = dirs, f"{node}'s copy"
             say(f"{image.tag} into {node}: {time.monotonic() - started:.0f}s")
 
 
