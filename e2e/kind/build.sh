@@ -29,18 +29,12 @@ COREDNS_VERSION=v1.14.2   # kubeadm v1.36's CoreDNS (kubeadm config images list)
 RECIPE=1
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
-# As in e2e/toolchain/build.sh: unless the user set GOCACHE, each build compiles into a folder
-# of its own (CoreDNS, which the real node builds too, and the kind binaries: two locks, so two
-# folders), removed once its binaries are cached.
-USER_GOCACHE="${GOCACHE:-}"
+# The project's Go compile cache, shared with e2e/toolchain/build.sh (see there) unless the
+# user set GOCACHE. Once the node image is built no build of `make test` needs it, and the kind
+# cluster needs the disk: main removes it then (~7 GB after a cold toolchain build).
 OWN_GOCACHE=""
-own_gocache() {  # own_gocache NAME: the build's GOCACHE (OWN_GOCACHE names it when it is ours)
-  if [[ -z "$USER_GOCACHE" ]]; then
-    OWN_GOCACHE="$CACHE_ROOT/go-build-$1"
-    export GOCACHE="$OWN_GOCACHE"
-  fi
-}
-drop_gocache() { [[ -z "$OWN_GOCACHE" ]] || rm -rf "$OWN_GOCACHE"; }
+[[ -n "${GOCACHE:-}" ]] || OWN_GOCACHE="$CACHE/go-build"
+export GOCACHE="${GOCACHE:-$OWN_GOCACHE}"
 
 say() { printf 'kind-image: %s\n' "$*" >&2; }
 die() { printf 'kind-image: error: %s\n' "$*" >&2; exit 1; }
@@ -85,7 +79,6 @@ build_bins() {
   log="$CACHE_ROOT/build-$key.log"
   rm -rf "$stage"; mkdir -p "$stage"; : >"$log"
   trap 'rm -rf "$stage"' EXIT
-  own_gocache bins  # CoreDNS below runs in a subshell, with its own
   say "building kind $KIND_VERSION, kubeadm $(k8s_version), CoreDNS $COREDNS_VERSION, runcwrap into $dest (log: $log)"
   say "[1/4] kind $KIND_VERSION"
   # go install pkg@version needs no module of ours (kind's go.mod has no replace directives).
@@ -108,7 +101,6 @@ build_bins() {
   mv "$log" "$stage/build.log"
   rm -rf "$dest"; mv "$stage" "$dest"
   trap - EXIT
-  drop_gocache
   say "built in $((SECONDS - started))s: $(ls "$dest" | tr '\n' ' ')"
 }
 
@@ -124,11 +116,9 @@ coredns_bin() {
     stage="$dir.build-$$"
     rm -rf "$stage"; mkdir -p "$stage"
     say "building CoreDNS $COREDNS_VERSION into $dir (a few minutes when cold; log: $stage/build.log)"
-    own_gocache coredns
     with_log "$stage/build.log" coredns env GOFLAGS= GOBIN="$stage" go install -p 2 -trimpath \
       -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION"
     rm -rf "$dir"; mv "$stage" "$dir"
-    drop_gocache
   fi
   exec 8>&-
   echo "$dir/coredns"
@@ -156,6 +146,11 @@ main() {
   find "$CACHE_ROOT" -maxdepth 1 -name 'bin-*' ! -name "$key" -exec rm -rf {} +
   cd "$REPO"
   "$PYTHON" -m e2e.kind.nodeimage build --toolchain-bin "$TOOLCHAIN_BIN" --kind-bin "$CACHE_ROOT/$key"
+  if [[ -n "$OWN_GOCACHE" && -d "$OWN_GOCACHE" ]]; then
+    say "removing the Go compile cache ($(du -sh "$OWN_GOCACHE" | cut -f1)): every binary is built"
+    # Under the toolchain's lock: a toolchain build of another checkout may be using it.
+    flock "$CACHE/toolchain/.lock" rm -rf "$OWN_GOCACHE"
+  fi
 }
 
 main "$@"

@@ -28,15 +28,11 @@ RECIPE=1
 KUEUE_RECIPE=1
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
-# Go's compile cache of these builds grows to ~7 GB that only a rebuild at other pins would
-# reuse, while `make test` needs the disk later (its kind chapter): unless the user set
-# GOCACHE, the builds use a folder of their own, removed once the binaries are cached (kept
-# after a failed build, so that a retry goes on from it).
-OWN_GOCACHE=""
-if [[ -z "${GOCACHE:-}" ]]; then
-  OWN_GOCACHE="$CACHE_ROOT/go-build"
-  export GOCACHE="$OWN_GOCACHE"
-fi
+# Go's compile cache of the project's builds (here, CoreDNS and the kind binaries, which share
+# much of it) lives in the project's cache unless the user set GOCACHE: it grows to ~7 GB, and
+# e2e/kind/build.sh, the last build `make test` runs, removes it before the kind cluster needs
+# the disk.
+export GOCACHE="${GOCACHE:-${ELASTRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elastra}/go-build}"
 
 say() { printf 'toolchain: %s\n' "$*" >&2; }
 die() { printf 'toolchain: error: %s\n' "$*" >&2; exit 1; }
@@ -104,7 +100,7 @@ ldflags_for() {
 }
 
 # Needs in GiB: the toolchain (~0.7), the module cache (~2) and the Go build cache (~4.5, up
-# to 7; removed after the build when it is ours).
+# to 7).
 # Folders on one filesystem add up.
 check_disk() {
   local -A need=() where=()
@@ -279,7 +275,6 @@ main() {
     check_disk
     build_kueue "$kkey"
   fi
-  [[ -z "$OWN_GOCACHE" ]] || rm -rf "$OWN_GOCACHE"
   echo "$bindir"
 }
 
