@@ -27,7 +27,6 @@ from pathlib import Path
 
 from e2e import hostpkgs
 
-from . import unpacked
 from .archive import Layer, image_config, layer_from_dir, layer_from_files, write_archive
 
 REPO = Path(__file__).resolve().parents[2]
@@ -497,18 +496,17 @@ def import_image(image: Image, *, address: str, store: str = "", ctr: str = "ctr
         text=True,
         check=True,
     )
-    marker = imported_root() / hashlib.sha256((store or address).encode()).hexdigest()[:12]
+    marker = (
+        cache_root() / "imported" / hashlib.sha256((store or address).encode()).hexdigest()[:12]
+    )
     marker.mkdir(parents=True, exist_ok=True)
-    record = marker / _record_name(image)
+    record = marker / (image.tag.replace("/", "_").replace(":", "_") + ".json")
     lines = probe.stdout.splitlines()[1:]
     if lines and record.exists():
         digest = lines[0].split()[2]
-        said = json.loads(record.read_text())
-        if (said.get("config"), said.get("manifest")) == (image.config_digest, digest):
+        if json.loads(record.read_text()) == {"config": image.config_digest, "manifest": digest}:
             say(f"{image.tag}: already in {address}")
-            if "layers" not in said:  # a store filled before blobs were dropped
-                drop_layer_blobs(ctr_argv, image.layers)
-                _record_import(record, ctr_argv, image, digest)
+            drop_layer_blobs(ctr_argv, image.layers)  # a store filled before blobs were dropped
             return
     started = time.monotonic()
     say(f"{image.tag}: importing {image.size / 2**20:.0f} MiB into {address} ...")
@@ -528,38 +526,8 @@ def import_image(image: Image, *, address: str, store: str = "", ctr: str = "ctr
     )
     digest = probe.stdout.splitlines()[1].split()[2]
     drop_layer_blobs(ctr_argv, image.layers)
-    _record_import(record, ctr_argv, image, digest)
+    record.write_text(json.dumps({"config": image.config_digest, "manifest": digest}))
     say(f"{image.tag}: imported in {time.monotonic() - started:.0f}s")
-
-
-def imported_root() -> Path:
-    """Records of what was imported into which containerd store, one folder per store."""
-    return cache_root() / "imported"
-
-
-def _record_name(image: Image) -> str:
-    return image.tag.replace("/", "_").replace(":", "_") + ".json"
-
-
-def _record_import(record: Path, ctr: list[str], image: Image, manifest: str) -> None:
-    """Remember the import, and where its layers lie unpacked (when containerd says so)."""
-    try:
-        layers = unpacked.layer_dirs(ctr, [layer.digest for layer in image.layers])
-    except (subprocess.CalledProcessError, ValueError):
-        layers = []
-    said = {"config": image.config_digest, "manifest": manifest, "layers": layers}
-    record.write_text(json.dumps(said))
-
-
-def recorded_layers(image: Image) -> list[Path] | None:
-    """Where an earlier import_image left this very image unpacked on this machine (a store
-    on this disk, such as the real node's), lowest layer first; None when nowhere."""
-    for record in sorted(imported_root().glob(f"*/{_record_name(image)}")):
-        said = json.loads(record.read_text())
-        layers = [Path(d) for d in said.get("layers") or []]
-        if said.get("config") == image.config_digest and layers and all(map(Path.is_dir, layers)):
-            return layers
-    return None
 
 
 def orphan_refs(listing: str) -> list[str]:

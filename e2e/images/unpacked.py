@@ -1,8 +1,8 @@
 """Where a containerd keeps an image's unpacked layers: one directory per layer.
 
-Why: the same worker image is unpacked by the real node's containerd and by every kind node
-that runs pods, 5.9 GiB each, all on this machine's disk. Knowing which directory holds
-which layer lets later copies become hard links to an earlier one (e2e/kind/hardlinks.py).
+Why: the same worker image is unpacked by every kind node that runs pods, 5.9 GiB each, all
+on this machine's disk. Knowing which directory holds which layer lets later copies become
+hard links to the first (e2e/kind/hardlinks.py).
 The directories are asked of containerd (a read-only view of the image's top snapshot lists
 them), not guessed from its store's layout.
 """

@@ -51,8 +51,9 @@ def link_identical(reference: Path, target: Path) -> Linked:
     """Replace each regular file under `target` by a hard link to the same path under
     `reference` when same_file_contents says they are the same file unpacked twice.
 
-    The reference may be another containerd's store (the real node's): a file it removes
-    meanwhile is skipped, and one it removes later lives on as long as `target` links it.
+    The reference is another node's live store: a file its containerd removes meanwhile is
+    skipped, and one it removes later lives on as long as `target` links it. Raises OSError
+    (EXDEV) when the two trees are not under one mount.
 
     The replacement is atomic per file (a link under a temporary name, then rename), so a
     reader of `target` sees the old file or the new link, never no file.
@@ -74,7 +75,7 @@ def link_identical(reference: Path, target: Path) -> Linked:
                 os.link(theirs, temporary)
             except FileExistsError:  # a file of the layer by that name: leave both alone
                 continue
-            except FileNotFoundError:  # the reference's store removed it meanwhile
+            except FileNotFoundError:  # the reference's containerd removed it meanwhile
                 continue
             os.replace(temporary, mine)
             linked += Linked(1, a.st_size)

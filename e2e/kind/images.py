@@ -12,13 +12,13 @@ stored the same way). Per worker node that is 5.6 GiB instead of 11. The import 
 kind does (``ctr images import`` in the node, with the node's snapshotter), so the same code
 serves kind's published node images.
 
-Three worker nodes still held three unpacked copies (17 GiB) beside the real node's, and a CI
-run once stopped at "no space left on device" in the third. So after each node's import, the
-files of its unpacked layers become hard links to a copy already on this machine's disk: the
-real node's store when it holds the same image (e2e/images/build.py records where), else the
-first node's (e2e/kind/hardlinks.py). A node's copy then costs disk only while it is
-unpacked. That needs the nodes' /var volumes on this machine's disk and the overlayfs
-snapshotter; elsewhere (a docker daemon in a VM) each node keeps its own copy, as before.
+Three worker nodes still held three unpacked copies (17 GiB), and a CI run once stopped at "no
+space left on device" in the third. So after each node's import, the files of its unpacked
+layers become hard links to the first node's (e2e/kind/hardlinks.py): a later node's copy
+costs disk only while it is unpacked. That needs the nodes' /var volumes on this machine's
+disk, under one mount, and the overlayfs snapshotter; elsewhere (a docker daemon in a VM) each
+node keeps its own copy, as before. (The real node's store holds the same layers too, but
+docker bind-mounts its data-root onto itself, and no hard link crosses a mount point.)
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from e2e.images import unpacked
 from e2e.images.archive import write_archive
-from e2e.images.build import BUILDERS, Image, drop_layer_blobs, recorded_layers
+from e2e.images.build import BUILDERS, Image, drop_layer_blobs
 from e2e.kind.cluster import DEFAULT_NAME, Env, environment, kind_binary, say
 from e2e.kind.hardlinks import Linked, link_identical
 
@@ -124,8 +124,11 @@ def layer_dirs(env: Env, node: str, image: Image, snapshotter: str) -> list[Path
 def share_layers(reference: list[Path], node: str, dirs: list[Path], *, of: str) -> None:
     """Hard-link the node's unpacked layers to the reference's (e2e/kind/hardlinks.py)."""
     linked = Linked()
-    for theirs, mine in zip(reference, dirs, strict=True):
-        linked += link_identical(theirs, mine)
+    try:
+        for theirs, mine in zip(reference, dirs, strict=True):
+            linked += link_identical(theirs, mine)
+    except OSError as err:  # EXDEV: the two lie on different filesystems or mounts
+        say(f"{node}: its layers stay a copy of their own ({err})")
     say(f"{node}: {linked.files} files ({linked.bytes / 2**20:.0f} MiB) hard-linked to {of}")
 
 
@@ -135,16 +138,16 @@ def load(name: str, images: list[str], *, kind: str) -> None:
     nodes = pod_nodes(env, kind, name)
     for image_name in images:
         image = BUILDERS[image_name]()
-        reference, of = recorded_layers(image), "the real node's copy"
+        first: tuple[str, list[Path]] | None = None
         for node in nodes:
             started = time.monotonic()
             say(f"{image.tag} ({image.size / 2**20:.0f} MiB) into {node} ...")
             snapshotter = load_into(env, node, image)
             dirs = layer_dirs(env, node, image, snapshotter)
-            if reference is not None and dirs is not None:
-                share_layers(reference, node, dirs, of=of)
+            if first is not None and dirs is not None:
+                share_layers(first[1], node, dirs, of=f"{first[0]}'s")
             elif dirs is not None:
-                reference, of = dirs, f"{node}'s copy"
+                first = (node, dirs)
             say(f"{image.tag} into {node}: {time.monotonic() - started:.0f}s")
 
 

@@ -306,36 +306,3 @@ CTR_LS = "\n".join(
 )
 def test_orphan_refs_are_the_names_of_replaced_builds(listing: str, orphans: list[str]) -> None:
     assert build.orphan_refs(listing) == orphans
-
-
-def _imported(store: str, image: build.Image, layers: list[Path]) -> None:
-    folder = build.imported_root() / store
-    folder.mkdir(parents=True, exist_ok=True)
-    said = {
-        "config": image.config_digest,
-        "manifest": "sha256:m",
-        "layers": [str(p) for p in layers],
-    }
-    (folder / (image.tag.replace("/", "_").replace(":", "_") + ".json")).write_text(
-        json.dumps(said)
-    )
-
-
-@pytest.mark.parametrize(
-    ("config", "exist", "found"),
-    [
-        pytest.param(b'{"a": 1}', True, True, id="the same build, unpacked: its layers"),
-        pytest.param(b'{"a": 2}', True, False, id="another build of the tag"),
-        pytest.param(b'{"a": 1}', False, False, id="a store whose directories are gone"),
-    ],
-)
-def test_recorded_layers_name_an_unpacked_copy_of_this_very_image(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: bytes, exist: bool, found: bool
-) -> None:
-    monkeypatch.setenv("ELASTRA_CACHE", str(tmp_path / "cache"))
-    layers = [tmp_path / "snapshots" / n / "fs" for n in ("1", "2")]
-    for layer in layers if exist else []:
-        layer.mkdir(parents=True)
-    _imported("store1", build.Image("t/worker:dev", [], b'{"a": 1}'), layers)
-    image = build.Image("t/worker:dev", [], config)
-    assert build.recorded_layers(image) == (layers if found else None)
