@@ -96,8 +96,9 @@ WORLDS_WAIT_S = float(os.environ.get("ELASTRA_BENCH_WORLDS_WAIT_S", "600"))
 ENDPOINTS = os.environ.get("ELASTRA_BENCH_ENDPOINT_CONTROLLERS", "off")
 """``on``: run the controller-manager's endpoint controllers too (see the module docstring)."""
 OPERATOR_ARGS = shlex.split(os.environ.get("ELASTRA_BENCH_OPERATOR_ARGS", ""))
-OPERATOR_LOG = os.environ.get("ELASTRA_BENCH_OPERATOR_LOG", "")
 """More ``elastra run`` options, to compare settings (``--passes-at-once 16``)."""
+OPERATOR_LOG = os.environ.get("ELASTRA_BENCH_OPERATOR_LOG", "")
+"""A file the operator's output is appended to (``""``: discarded)."""
 NAMESPACE = "bench"
 TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
 PATIENT = RetryPolicy(attempts=10, max_delay_s=30.0, budget_s=300.0)
