@@ -22,6 +22,7 @@ from e2e.trainlog import StepRecord, check_data_order, parse_step_log
 
 STEP_LOG = "/checkpoints/steps.jsonl"
 POD_START_S = 420.0  # pods of the 5 GB worker image, torch import, rendezvous, on 2 busy cores
+WORKER_TAIL_LINES = 40  # per worker pod in a timeout's picture: a stuck rank's stack dump fits
 
 
 RUNNING_STEPS = 100_000
@@ -84,8 +85,9 @@ class JobRun:
 
     def describe(self) -> str:
         """A picture of the job for timeout messages: conditions with their messages, the last
-        resizes, the pods (deleting ones marked) and the job's newest events, so a failure in CI
-        says why the operator did what it did."""
+        resizes, the pods (deleting ones marked), the job's newest events and the last lines of
+        each worker's log, so a failure in CI says why the operator and the workers did what
+        they did."""
         try:
             status = self.status()
             pods = [
@@ -95,6 +97,7 @@ class JobRun:
             ]
             events = self.events()[-8:]
             said = self.operator_lines()[-12:]
+            workers = self.worker_tails()
         except KubeError as err:
             return f"(cannot read the job: {err})"
         conditions = {
@@ -109,8 +112,18 @@ class JobRun:
             "pods": pods,
             "events": events,
             "operator": said,
+            "workers": workers,
         }
-        return json.dumps(picture, default=str)[:6000]
+        return json.dumps(picture, default=str)[:24000]
+
+    def worker_tails(self, lines: int = WORKER_TAIL_LINES) -> dict[str, list[str]]:
+        """The last lines of each worker pod's log, by pod name (empty before it started)."""
+        return {
+            name: self.kube.kubectl(
+                "logs", "-n", self.namespace, name, "-c", "worker", f"--tail={lines}", check=False
+            ).splitlines()
+            for name in (p["metadata"]["name"] for p in self.pods())
+        }
 
     def operator_lines(self) -> list[str]:
         """The operator's log lines that name this job (none when the operator is unknown)."""

@@ -99,6 +99,7 @@ from .lifeline import arm_from_env
 from .mesh import Mesh, build_mesh, needs_mesh
 from .objectstore import ObjectCheckpointRoot
 from .sampling import RankSlice, StepLoader, StepSampler
+from .stalls import StallWatch
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +223,7 @@ class Session:
         rendezvous_timeout_s: float = 300.0,
         collective_timeout_s: float = 600.0,
         device: torch.device | None = None,
+        stall_watch: StallWatch | None = None,
     ) -> None:
         self.assignment = assignment
         self.local_rank = local_rank
@@ -247,6 +249,8 @@ class Session:
         self.async_checkpoint = async_checkpoint
         self._rdzv_timeout = rendezvous_timeout_s
         self._coll_timeout = collective_timeout_s
+        self.stall_watch = stall_watch or StallWatch()
+        """Writes every thread's stack to stderr when no step completes for its interval."""
         self._group: dist.ProcessGroup | None = None
         self._async_group: dist.ProcessGroup | None = None
         self._parts: list[nn.Module] = []
@@ -307,6 +311,7 @@ class Session:
             kwargs.setdefault("rendezvous_timeout_s", float(env["ELASTRA_RENDEZVOUS_TIMEOUT"]))
         if env.get("ELASTRA_COLLECTIVE_TIMEOUT"):
             kwargs.setdefault("collective_timeout_s", float(env["ELASTRA_COLLECTIVE_TIMEOUT"]))
+        kwargs.setdefault("stall_watch", StallWatch.from_env(env))
         return cls(
             assignment,
             local_rank=int(env.get("LOCAL_RANK", "0")),
@@ -331,6 +336,7 @@ class Session:
     def start(self) -> None:
         """Join this world version's rendezvous (a fresh store namespace per version)."""
         arm_from_env()  # started by an agent: die with it
+        self.stall_watch.arm()  # a rendezvous that never completes shows where it waits
         threads = os.environ.get("ELASTRA_THREADS")
         if threads:
             torch.set_num_threads(int(threads))
@@ -417,6 +423,7 @@ class Session:
             )
         if dist.is_initialized():
             dist.destroy_process_group()
+        self.stall_watch.disarm()
         if self._prev_sigterm is not None:
             signal.signal(signal.SIGTERM, self._prev_sigterm)
             self._prev_sigterm = None
@@ -691,6 +698,7 @@ class Session:
         Not inside ``step()``: what the script does after it (``scheduler.step()``, counters
         in ``user_state``, random draws) belongs to the step and must be in its checkpoint.
         """
+        self.stall_watch.arm()  # a step completed: the interval starts again
         decisions, self._decided = self._decided, None
         if decisions is None:
             return
