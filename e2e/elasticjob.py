@@ -90,14 +90,15 @@ class JobRun:
         they did."""
         try:
             status = self.status()
+            found = self.pods()
             pods = [
                 f"{p['metadata']['name']}:{(p.get('status') or {}).get('phase')}"
                 + (":deleting" if p["metadata"].get("deletionTimestamp") else "")
-                for p in self.pods()
+                for p in found
             ]
             events = self.events()[-8:]
             said = self.operator_lines()[-12:]
-            workers = self.worker_tails()
+            workers = self.worker_tails([p["metadata"]["name"] for p in found])
         except KubeError as err:
             return f"(cannot read the job: {err})"
         conditions = {
@@ -116,13 +117,14 @@ class JobRun:
         }
         return json.dumps(picture, default=str)[:24000]
 
-    def worker_tails(self, lines: int = WORKER_TAIL_LINES) -> dict[str, list[str]]:
-        """The last lines of each worker pod's log, by pod name (empty before it started)."""
+    def worker_tails(self, names: list[str]) -> dict[str, list[str]]:
+        """The last lines of these worker pods' logs, by pod name (empty before it started)."""
+        tail = f"--tail={WORKER_TAIL_LINES}"
         return {
             name: self.kube.kubectl(
-                "logs", "-n", self.namespace, name, "-c", "worker", f"--tail={lines}", check=False
+                "logs", "-n", self.namespace, name, "-c", "worker", tail, check=False
             ).splitlines()
-            for name in (p["metadata"]["name"] for p in self.pods())
+            for name in names
         }
 
     def operator_lines(self) -> list[str]:

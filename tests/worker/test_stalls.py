@@ -15,7 +15,7 @@ import pytest
 from elastra_worker.stalls import DEFAULT_STALL_DUMP_S, STALL_DUMP_ENV, StallWatch
 
 CHILD = """
-import sys, time
+import time
 from elastra_worker.stalls import StallWatch
 
 def wait_in_a_collective(seconds):

@@ -19,7 +19,6 @@ import faulthandler
 import math
 import sys
 from collections.abc import Mapping
-from typing import TextIO
 
 STALL_DUMP_ENV = "ELASTRA_STALL_DUMP_SECONDS"
 DEFAULT_STALL_DUMP_S = 300.0
@@ -30,11 +29,12 @@ timeout, so a stuck world's stacks are in the log before its ranks give up."""
 class StallWatch:
     """Dump every thread's stack after ``seconds`` without a call to :meth:`arm` (0: never)."""
 
-    def __init__(self, seconds: float = DEFAULT_STALL_DUMP_S, file: TextIO | None = None) -> None:
+    def __init__(self, seconds: float = DEFAULT_STALL_DUMP_S) -> None:
         if not math.isfinite(seconds) or seconds < 0:
-            raise ValueError(f"{STALL_DUMP_ENV}: expected seconds >= 0 (0 turns it off)")
+            raise ValueError(
+                f"{STALL_DUMP_ENV}={seconds!r}: expected seconds >= 0 (0 turns it off)"
+            )
         self.seconds = seconds
-        self.file = file
         self.armed = False
 
     @classmethod
@@ -55,9 +55,7 @@ class StallWatch:
         """Start (or restart) the interval: called at start-up and at every step boundary."""
         if self.seconds <= 0:
             return
-        faulthandler.dump_traceback_later(
-            self.seconds, repeat=True, file=self.file if self.file is not None else sys.stderr
-        )
+        faulthandler.dump_traceback_later(self.seconds, repeat=True, file=sys.stderr)
         self.armed = True
 
     def disarm(self) -> None:
