@@ -656,7 +656,13 @@ def _settle(
 
 
 def _pace(plan: PassPlan, obs: Observation, now: datetime) -> PassPlan:
-    """Hold back a status that only counts pods, written moments ago (see ``pacing``)."""
+    """Hold back a status that only reports progress, written moments ago (see ``pacing``).
+
+    Not when the pass has Events: they come from the same change of status, and the next pass
+    would find it again in the stored status and record them twice.
+    """
+    if plan.events:
+        return plan
     wait = status_wait(obs.job.status, plan.status, written=obs.status_written, now=now)
     if wait is None:
         return plan

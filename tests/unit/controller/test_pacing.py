@@ -1,4 +1,5 @@
-"""When a status that only counts pods is written: the table of what counts and what waits."""
+"""When a status that only reports progress is written: the table of what is progress and what
+waits."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 
 from elastra.api import Condition, ConditionStatus, ConditionType, TrainingJobStatus
-from elastra.controller.pacing import STATUS_PACE, counts_only, status_wait
+from elastra.controller.pacing import STATUS_PACE, progress_only, status_wait
 from tests.unit.controller.fakecluster import T0
 
 FORMING = "world forming: 3 of 8 workers running"
@@ -34,6 +35,31 @@ def status(
 
 
 BEFORE = status()
+
+
+def with_condition(
+    base: TrainingJobStatus, kind: ConditionType, state: ConditionStatus, reason: str
+) -> TrainingJobStatus:
+    """``base`` with one more condition."""
+    extra = Condition(type=kind, status=state, reason=reason, message=reason)
+    return base.model_copy(update={"conditions": [*base.conditions, extra]})
+
+
+def forming(**running: Any) -> TrainingJobStatus:
+    """A world forming (Resizing True) whose Running condition is ``status(**running)``'s."""
+    return with_condition(
+        status(**running), ConditionType.RESIZING, ConditionStatus.TRUE, "ScaledUp"
+    )
+
+
+def formed() -> TrainingJobStatus:
+    """The world of ``forming`` with every member Ready: Resizing False, Running True."""
+    return with_condition(
+        status(state=ConditionStatus.TRUE, reason="WorldRunning", ready_replicas=8),
+        ConditionType.RESIZING,
+        ConditionStatus.FALSE,
+        "Steady",
+    )
 
 
 def suspended(message: str) -> TrainingJobStatus:
@@ -64,6 +90,26 @@ CHANGES: list[tuple[str, TrainingJobStatus, TrainingJobStatus, bool]] = [
     ("a count and a reason", BEFORE, status(reason="WorldRunning", ready_replicas=8), False),
     ("pods in the job", BEFORE, status(replicas=7), False),
     ("the restarts", BEFORE, status(restarts=1), False),
+    (
+        "Running turns True while the world forms",
+        forming(),
+        forming(state=ConditionStatus.TRUE, reason="WorldRunning"),
+        True,
+    ),
+    (
+        "Placed turns True while the world forms",
+        forming(),
+        with_condition(forming(), ConditionType.PLACED, ConditionStatus.TRUE, "AllBound"),
+        True,
+    ),
+    ("the world formed: Resizing turns False", forming(), formed(), False),
+    (
+        "Degraded while the world forms",
+        forming(),
+        with_condition(forming(), ConditionType.DEGRADED, ConditionStatus.TRUE, "WorkerLost"),
+        False,
+    ),
+    ("the world forming again", formed(), forming(), False),
 ]
 
 
@@ -72,10 +118,10 @@ CHANGES: list[tuple[str, TrainingJobStatus, TrainingJobStatus, bool]] = [
     [(before, after, expected) for _, before, after, expected in CHANGES],
     ids=[what for what, _, _, _ in CHANGES],
 )
-def test_only_placed_and_running_messages_and_ready_workers_are_counts(
+def test_counts_and_a_forming_worlds_placed_and_running_are_progress(
     before: TrainingJobStatus, after: TrainingJobStatus, expected: bool
 ) -> None:
-    assert counts_only(before, after) is expected
+    assert progress_only(before, after) is expected
 
 
 MORE_READY = status(ready_replicas=4)

@@ -166,6 +166,43 @@ def test_a_world_whose_pods_start_one_by_one_costs_two_status_writes() -> None:
     assert conditions(running)["Resizing"] == ("False", "Steady", "")
 
 
+def bind_only(cluster: FakeCluster) -> None:
+    """What the scheduler alone would do: bind every ungated pod, which has not started yet."""
+    for pod in cluster.pods.values():
+        spec = pod["spec"]
+        if spec.get("schedulingGates"):
+            continue
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        spec["nodeName"] = terms["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
+        scheduled = {
+            "type": "PodScheduled",
+            "status": "True",
+            "lastTransitionTime": cluster.stamp(),
+        }
+        pod["status"] = {"phase": "Pending", "conditions": [scheduled]}
+
+
+def test_placed_turning_true_while_the_world_forms_waits_for_the_write_that_ends_it() -> None:
+    """A pass that sees every pod bound before any runs (a slow machine) turns Placed True in
+    the middle of Resizing: held back, the write that ends Resizing carries it."""
+    cluster = FakeCluster(job(), h100s(4), SETTINGS)
+    cluster.step()
+    bind_only(cluster)
+    bound = cluster.step()
+    assert bound.status_wait is not None and not bound.events
+    assert conditions(bound.status)["Placed"][0] == "True"
+    assert conditions(cluster.job.status)["Placed"][0] == "False"
+    cluster.schedule_and_run()
+    ready = cluster.step()
+    assert ready.status_wait is None
+    stored = conditions(cluster.job.status)
+    assert (stored["Placed"][0], stored["Running"][0], stored["Resizing"][0]) == (
+        "True",
+        "True",
+        "False",
+    )
+
+
 def test_counts_held_back_are_written_once_the_pace_allows() -> None:
     cluster = FakeCluster(job(), h100s(4), SETTINGS)
     cluster.step()
