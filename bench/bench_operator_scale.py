@@ -46,7 +46,16 @@ ELASTRA_BENCH_WORLDS_WAIT_S (600: longest wait for worlds once the pods run),
 ELASTRA_BENCH_OPERATOR_ARGS (more options for the operator, as a shell would split them),
 ELASTRA_BENCH_OPERATOR_LOG (a file for the operator's output, discarded when unset; with
 ELASTRA_BENCH_OPERATOR_ARGS=--verbose it names the fields each status write changed),
-ELASTRA_BENCH_ENDPOINT_CONTROLLERS (off).
+ELASTRA_BENCH_ENDPOINT_CONTROLLERS (off), ELASTRA_BENCH_SAME_PODS (off).
+
+With ELASTRA_BENCH_SAME_PODS=on a third phase runs between the two: a plain client creates the
+operator's own worker pods (built by ``elastra.controller.manifests``, ungated, each pinned to a
+node with a free GPU, carrying rank r's assignment, without the owner reference: no TrainingJob
+exists then and the garbage collector would delete them). The plain client's pods are minimal;
+the worker pods carry what a worker needs (security contexts, volumes, environment, the
+assignment), which every write, watch event and status update of a pod pays for. The JSON line
+then adds ``samePodsSeconds`` and ``ratioOperatorToSamePods``: what the operator's protocol costs
+over creating its pods directly, apart from what the pods' content costs.
 """
 
 from __future__ import annotations
@@ -73,11 +82,16 @@ from e2e.cluster.components import ENDPOINT_CONTROLLERS  # noqa: E402
 from e2e.cluster.controlplane import Layout, apply_fleet, down, up  # noqa: E402
 from e2e.cluster.state import State  # noqa: E402
 
+from elastra.api import parse_trainingjob  # noqa: E402
 from elastra.api.resource import PLURAL  # noqa: E402
+from elastra.commands.run import parse_toleration  # noqa: E402
+from elastra.controller.manifests import RankSpec, assignment_json, worker_pod  # noqa: E402
+from elastra.controller.settings import OperatorSettings  # noqa: E402
 from elastra.kube import resources  # noqa: E402
 from elastra.kube.client import API_REQUESTS, Kube, RetryPolicy, gather_limited  # noqa: E402
 from elastra.kube.config import load_connection  # noqa: E402
 from elastra.kube.informer import Informer  # noqa: E402
+from elastra_worker.assignment import Plan  # noqa: E402
 
 JOBS = int(os.environ.get("ELASTRA_BENCH_JOBS", "300"))
 WORKERS = int(os.environ.get("ELASTRA_BENCH_WORKERS", "8"))
@@ -95,12 +109,16 @@ WORLDS_WAIT_S = float(os.environ.get("ELASTRA_BENCH_WORLDS_WAIT_S", "600"))
 """A capacity-bound run ends when the number of Running pods has not grown for this long."""
 ENDPOINTS = os.environ.get("ELASTRA_BENCH_ENDPOINT_CONTROLLERS", "off")
 """``on``: run the controller-manager's endpoint controllers too (see the module docstring)."""
+SAME_PODS = os.environ.get("ELASTRA_BENCH_SAME_PODS", "off")
+"""``on``: also time a plain client creating the operator's own worker pods (module docstring)."""
 OPERATOR_ARGS = shlex.split(os.environ.get("ELASTRA_BENCH_OPERATOR_ARGS", ""))
 """More ``elastra run`` options, to compare settings (``--passes-at-once 16``)."""
 OPERATOR_LOG = os.environ.get("ELASTRA_BENCH_OPERATOR_LOG", "")
 """A file the operator's output is appended to (``""``: discarded)."""
 NAMESPACE = "bench"
 TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
+OPERATOR_TOLERATION = "kwok.x-k8s.io/node=fake:NoSchedule"
+"""The operator's ``--toleration`` for the kwok fleet (the same-pods phase builds with it too)."""
 PATIENT = RetryPolicy(attempts=10, max_delay_s=30.0, budget_s=300.0)
 """The benchmark's own client waits out an API server busy with 2,400 pods (429, 503, 504 such as
 "Too large resource version" while listing) instead of dying; retries count as requests."""
@@ -151,14 +169,35 @@ def plain_pod(index: int, worker: int) -> dict[str, Any]:
     }
 
 
-async def gpu_capacity(kube: Kube) -> dict[str, int]:
-    """Allocatable GPUs of the fleet by product label."""
-    found: dict[str, int] = {}
+def same_pod(index: int, worker: int, node: str) -> dict[str, Any]:
+    """Rank ``worker`` of job ``index``'s first world as the operator builds it, created
+    directly: ungated, pinned to ``node``, no owner reference (see the module docstring)."""
+    body = job_manifest(index)
+    body["metadata"]["uid"] = f"bench-{index}"
+    job = parse_trainingjob(body)
+    settings = OperatorSettings(tolerations=(parse_toleration(OPERATOR_TOLERATION),))
+    leader = f"{job.metadata.name}-w0.{job.metadata.name}.{NAMESPACE}.svc"
+    rank = RankSpec(rank=worker, world_size=WORKERS, master_addr=leader, plan=Plan(dp=WORKERS))
+    assignment = assignment_json(job, version=1, rank=rank, stop=False, settings=settings)
+    pod = worker_pod(
+        job, slot=worker, node=node, gpu_type=TYPES[index % len(TYPES)], assignment=assignment,
+        version=1, settings=settings, gated=False, leader=worker == 0,
+    )  # fmt: skip
+    name = f"same-{index:04d}-{worker}"
+    pod["metadata"].pop("ownerReferences")
+    pod["metadata"]["name"] = pod["spec"]["hostname"] = name
+    pod["metadata"]["labels"]["bench"] = SAME
+    return pod
+
+
+async def gpu_slots(kube: Kube) -> dict[str, list[str]]:
+    """The fleet's allocatable GPUs by product label: a node's name once per GPU."""
+    found: dict[str, list[str]] = {}
     for node in await resources.list_nodes(kube):
         product = ((node.get("metadata") or {}).get("labels") or {}).get("nvidia.com/gpu.product")
         gpus = ((node.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", "0")
         if product:
-            found[product] = found.get(product, 0) + int(gpus)
+            found.setdefault(product, []).extend([node["metadata"]["name"]] * int(gpus))
     return found
 
 
@@ -175,8 +214,9 @@ def placeable(capacity: dict[str, int]) -> list[tuple[int, int]]:
     return pairs
 
 
-PLAIN, OPERATED = "plain", "operated"
-"""The two groups of pods the run counts: the plain client's and the operator's workers."""
+PLAIN, SAME, OPERATED = "plain", "same", "operated"
+"""The groups of pods the run counts: the plain client's, its copies of the operator's worker
+pods (ELASTRA_BENCH_SAME_PODS) and the operator's workers."""
 
 
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
@@ -188,8 +228,8 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
 
 def pod_group(pod: dict[str, Any]) -> str | None:
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    if labels.get("bench") == PLAIN:
-        return PLAIN
+    if labels.get("bench") in (PLAIN, SAME):
+        return str(labels["bench"])
     return OPERATED if "elastra.dev/job" in labels else None
 
 
@@ -250,21 +290,24 @@ class Baseline:
 
 
 async def baseline(
-    kube: Kube, pods_seen: Informer, fits: list[tuple[int, int]], daemons: dict[str, int]
+    kube: Kube,
+    pods_seen: Informer,
+    pods: list[tuple[int, dict[str, Any]]],
+    daemons: dict[str, int],
+    group: str,
 ) -> Baseline:
-    """A plain client creates the pods that fit directly; seconds to all Running."""
+    """A plain client creates ``pods`` (job index, pod) directly; seconds to all Running."""
     start = time.monotonic()
     cpu, daemons_before = time.process_time(), daemons_cpu(daemons)
     requests = client_requests()
-    pods = [plain_pod(i, w) for i, w in fits]
     created: dict[int, float] = {}
 
     async def create(index: int, pod: dict[str, Any]) -> None:
         await resources.create_pod(kube, NAMESPACE, pod)
         created[index] = max(created.get(index, start), time.monotonic())
 
-    await gather_limited(16, *(create(i, p) for (i, _), p in zip(fits, pods, strict=True)))
-    end = (await wait_running(pods_seen, PLAIN, len(pods), timeout=3600)).at
+    await gather_limited(16, *(create(i, p) for i, p in pods))
+    end = (await wait_running(pods_seen, group, len(pods), timeout=3600)).at
     spent = Baseline(
         seconds=end - start,
         requests=client_requests() - requests,
@@ -276,13 +319,13 @@ async def baseline(
         16,
         *(
             resources.delete_pod(kube, NAMESPACE, p["metadata"]["name"], grace_seconds=0)
-            for p in pods
+            for _, p in pods
         ),
     )
     deadline = time.monotonic() + 600
-    while pods_seen.indexed(PLAIN):
+    while pods_seen.indexed(group):
         if time.monotonic() > deadline:
-            raise TimeoutError("the plain client's pods were not gone 600 s after deletion")
+            raise TimeoutError(f"the {group} pods were not gone 600 s after deletion")
         await asyncio.sleep(1.0)
     return spent
 
@@ -533,68 +576,136 @@ async def run(plane: ControlPlane) -> None:
             "/api/v1/namespaces",
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
         )
-        fits = placeable(await gpu_capacity(kube))
+        slots = await gpu_slots(kube)
+        fits = placeable({product: len(nodes) for product, nodes in slots.items()})
         pods = pods_watched(kube)
         watching = asyncio.create_task(pods.run())
         await asyncio.wait_for(pods.wait_synced(), timeout=60)
         try:
-            await measure(kube, plane, pods, fits)
+            await measure(kube, plane, pods, fits, slots)
         finally:
             watching.cancel()
 
 
 async def measure(
-    kube: Kube, plane: ControlPlane, pods: Informer, fits: list[tuple[int, int]]
+    kube: Kube,
+    plane: ControlPlane,
+    pods: Informer,
+    fits: list[tuple[int, int]],
+    slots: dict[str, list[str]],
 ) -> None:
-    """The plain client's phase, then the operator's, and the JSON line comparing them."""
+    """The plain client's phase (and the same-pods one), then the operator's, and the JSON
+    line comparing them."""
     kubeconfig, kubectl, daemons = plane.kubeconfig, plane.kubectl, plane.daemons
     settling = await fleet_settled(kubectl, kubeconfig)
     say(f"fleet settled (no Node written for {SETTLED_S:.0f} s) after {settling:.1f}s")
     say(f"baseline: a plain client creates {len(fits)} of {JOBS * WORKERS} pods (what fits)")
     before_plain = apiserver_writes(kubectl, kubeconfig)
-    plain = await baseline(kube, pods, fits, daemons)
+    plain = await baseline(kube, pods, [(i, plain_pod(i, w)) for i, w in fits], daemons, PLAIN)
     after_plain = apiserver_writes(kubectl, kubeconfig)
     say(f"baseline: {plain.seconds:.1f}s, {plain.requests:.0f} requests")
+    same = await same_pods(kube, pods, fits, slots, daemons) if SAME_PODS == "on" else None
+    before_operator = apiserver_writes(kubectl, kubeconfig)
+    ran, figures = await operator_phase(kube, plane, pods, len(fits))
+    result = summary(len(fits), plain, ran, figures)
+    result["apiServerWritesPerJobPlain"] = per_job(after_plain, before_plain, JOBS)
+    result["apiServerWritesPerJobOperator"] = per_job(figures.writes, before_operator, JOBS)
+    if same is not None:
+        result["samePodsSeconds"] = round(same.seconds, 1)
+        result["ratioOperatorToSamePods"] = round(ran.seconds / same.seconds, 2)
+        result["controlPlaneCpuSecondsSamePods"] = same.control_plane_cpu
+    report(result)
+
+
+async def same_pods(
+    kube: Kube,
+    pods_seen: Informer,
+    fits: list[tuple[int, int]],
+    slots: dict[str, list[str]],
+    daemons: dict[str, int],
+) -> Baseline:
+    """The plain client again, creating the operator's worker pods (ELASTRA_BENCH_SAME_PODS),
+    each on a node with a GPU free."""
+    free = {product: list(nodes) for product, nodes in slots.items()}
+    pods = [(i, same_pod(i, w, free[PRODUCTS[TYPES[i % len(TYPES)]]].pop())) for i, w in fits]
+    say(f"same pods: a plain client creates {len(pods)} worker pods as the operator builds them")
+    spent = await baseline(kube, pods_seen, pods, daemons, SAME)
+    say(f"same pods: {spent.seconds:.1f}s")
+    return spent
+
+
+@dataclass(frozen=True)
+class OperatorFigures:
+    """What the operator's metrics, /proc and the API server said at the end of its phase."""
+
+    started: float
+    """Seconds until it led and had synced its caches."""
+    requests: float
+    by_kind: dict[str, float]
+    passes: float
+    pass_seconds: float
+    memory: float
+    peak: float
+    cpu: float
+    writes: Counter[str]
+    """The API server's count of writes when every pod ran (``apiserver_writes``)."""
+
+
+async def operator_phase(
+    kube: Kube, plane: ControlPlane, pods: Informer, want: int
+) -> tuple[OperatorRun, OperatorFigures]:
+    """Start the operator, create the jobs, wait for ``want`` pods and the worlds; stop it."""
     metrics_port = 18480
-    operator = start_operator(kubeconfig, metrics_port)
+    operator = start_operator(plane.kubeconfig, metrics_port)
     try:
         say(f"operator: {JOBS} TrainingJobs of {WORKERS} workers ...")
         started = await operator_ready(metrics_port, operator)
-        ran = await with_operator(kube, pods, len(fits), daemons)
-        after_operator = apiserver_writes(kubectl, kubeconfig)
+        ran = await with_operator(kube, pods, want, plane.daemons)
+        writes = apiserver_writes(plane.kubectl, plane.kubeconfig)
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as reply:
             text = reply.read().decode()
-        requests = metric_sum(text, "elastra_api_requests_total")
-        by_kind = requests_by_kind(text, "elastra_api_requests_total", JOBS)
-        passes = metric_sum(text, "elastra_reconcile_duration_seconds_count")
-        pass_seconds = metric_sum(text, "elastra_reconcile_duration_seconds_sum")
-        memory, peak = rss_mib(operator.pid), rss_mib(operator.pid, "VmHWM")
-        cpu = cpu_seconds(operator.pid)
+        figures = OperatorFigures(
+            started=started,
+            requests=metric_sum(text, "elastra_api_requests_total"),
+            by_kind=requests_by_kind(text, "elastra_api_requests_total", JOBS),
+            passes=metric_sum(text, "elastra_reconcile_duration_seconds_count"),
+            pass_seconds=metric_sum(text, "elastra_reconcile_duration_seconds_sum"),
+            memory=rss_mib(operator.pid),
+            peak=rss_mib(operator.pid, "VmHWM"),
+            cpu=cpu_seconds(operator.pid),
+            writes=writes,
+        )
     finally:
         stop_operator(operator)
+    return ran, figures
+
+
+def summary(
+    placeable_pods: int, plain: Baseline, ran: OperatorRun, figures: OperatorFigures
+) -> dict[str, Any]:
+    """The JSON line's figures comparing the operator's phase with the plain client's."""
     waits = ran.first_world_seconds()
-    result = {
+    requests, cpu, passes = figures.requests, figures.cpu, figures.passes
+    return {
         "jobs": JOBS,
         "workersPerJob": WORKERS,
-        "placeablePods": len(fits),
+        "placeablePods": placeable_pods,
         "operatorRunningPods": ran.running,
         "plainClientSeconds": round(plain.seconds, 1),
         "operatorSeconds": round(ran.seconds, 1),
-        "operatorStartSeconds": round(started, 1),
+        "operatorStartSeconds": round(figures.started, 1),
         "ratioOperatorToPlain": round(ran.seconds / plain.seconds, 2),
         "apiRequestsPerJob": round(requests / JOBS, 1),
         "plainRequestsPerJob": round(plain.requests / JOBS, 1),
         "requestRatio": round(requests / max(plain.requests, 1), 2),
-        "apiRequestsPerJobByKind": by_kind,
+        "apiRequestsPerJobByKind": figures.by_kind,
         "operatorCpuSeconds": round(cpu, 1),
         "plainClientCpuSeconds": round(plain.cpu_seconds, 1),
         "cpuRatio": round(cpu / max(plain.cpu_seconds, 1e-3), 2),
-        "operatorRssMiB": round(memory, 1),
-        "operatorPeakRssMiB": round(peak, 1),
-        "apiServerWritesPerJobPlain": per_job(after_plain, before_plain, JOBS),
-        "apiServerWritesPerJobOperator": per_job(after_operator, after_plain, JOBS),
+        "operatorRssMiB": round(figures.memory, 1),
+        "operatorPeakRssMiB": round(figures.peak, 1),
         "operatorPasses": int(passes),
-        "operatorPassSecondsMean": round(pass_seconds / max(passes, 1), 3),
+        "operatorPassSecondsMean": round(figures.pass_seconds / max(passes, 1), 3),
         "jobsWithWorld": len(waits),
         "firstWorldP50Seconds": round(percentile(waits, 0.50), 1),
         "firstWorldP99Seconds": round(percentile(waits, 0.99), 1),
@@ -604,14 +715,13 @@ async def measure(
         "controlPlaneCpuSecondsOperator": ran.control_plane_cpu,
         "endpointControllers": ENDPOINTS,
     }
-    report(result)
 
 
 def start_operator(kubeconfig: Path, metrics_port: int) -> subprocess.Popen[bytes]:
     """``elastra run`` for the bench namespace, as a process of its own (its CPU is its own)."""
     argv = [sys.executable, "-m", "elastra.cli", "run", f"--kubeconfig={kubeconfig}",
             f"--namespace={NAMESPACE}", f"--lease-namespace={NAMESPACE}",
-            "--toleration=kwok.x-k8s.io/node=fake:NoSchedule",
+            f"--toleration={OPERATOR_TOLERATION}",
             f"--metrics-port={metrics_port}", "--health-port=0", "--log-format=plain",
             *OPERATOR_ARGS]  # fmt: skip
     if not OPERATOR_LOG:
