@@ -85,7 +85,12 @@ from e2e.cluster.state import State  # noqa: E402
 from elastra.api import parse_trainingjob  # noqa: E402
 from elastra.api.resource import PLURAL  # noqa: E402
 from elastra.commands.run import parse_toleration  # noqa: E402
-from elastra.controller.manifests import RankSpec, assignment_json, worker_pod  # noqa: E402
+from elastra.controller.manifests import (  # noqa: E402
+    RankSpec,
+    assignment_json,
+    pod_name,
+    worker_pod,
+)
 from elastra.controller.settings import OperatorSettings  # noqa: E402
 from elastra.kube import resources  # noqa: E402
 from elastra.kube.client import API_REQUESTS, Kube, RetryPolicy, gather_limited  # noqa: E402
@@ -119,6 +124,8 @@ NAMESPACE = "bench"
 TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
 OPERATOR_TOLERATION = "kwok.x-k8s.io/node=fake:NoSchedule"
 """The operator's ``--toleration`` for the kwok fleet (the same-pods phase builds with it too)."""
+SAME_POD_SETTINGS = OperatorSettings(tolerations=(parse_toleration(OPERATOR_TOLERATION),))
+"""The settings the operator runs with here, as far as its worker pods show them."""
 PATIENT = RetryPolicy(attempts=10, max_delay_s=30.0, budget_s=300.0)
 """The benchmark's own client waits out an API server busy with 2,400 pods (429, 503, 504 such as
 "Too large resource version" while listing) instead of dying; retries count as requests."""
@@ -175,8 +182,8 @@ def same_pod(index: int, worker: int, node: str) -> dict[str, Any]:
     body = job_manifest(index)
     body["metadata"]["uid"] = f"bench-{index}"
     job = parse_trainingjob(body)
-    settings = OperatorSettings(tolerations=(parse_toleration(OPERATOR_TOLERATION),))
-    leader = f"{job.metadata.name}-w0.{job.metadata.name}.{NAMESPACE}.svc"
+    settings = SAME_POD_SETTINGS
+    leader = f"{pod_name(job.metadata.name, 0)}.{job.metadata.name}.{NAMESPACE}.svc"
     rank = RankSpec(rank=worker, world_size=WORKERS, master_addr=leader, plan=Plan(dp=WORKERS))
     assignment = assignment_json(job, version=1, rank=rank, stop=False, settings=settings)
     pod = worker_pod(
