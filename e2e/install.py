@@ -20,6 +20,8 @@ import yaml
 from e2e.kube import Kube, KubeError, wait_for
 from e2e.target import Volume
 
+from elastra.controller.manifests import WORKER_UID
+
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "elastra"
 EXAMPLE = REPO / "examples" / "cpu-tiny.yaml"
@@ -31,7 +33,6 @@ RESTRICTED = {
     "pod-security.kubernetes.io/warn": "restricted",
     "pod-security.kubernetes.io/audit": "restricted",
 }
-WORKER_UID = 1000  # the worker image's user; the checkpoint directory must be its
 # Everything a release could leave behind, namespaced kinds then cluster-scoped ones.
 NAMESPACED_KINDS = (
     "deployments,replicasets,pods,services,endpoints,serviceaccounts,configmaps,"

@@ -40,7 +40,10 @@ RECIPE = "1"
 PY_PACKAGES = ["python3", "python3-venv", "libgomp1", "ca-certificates", "tini"]
 # What the images hold, shared with the Dockerfiles (worker_image/Dockerfile,
 # operator/Dockerfile): tests/unit/test_images.py fails when a recipe differs from these.
-IMAGE_USER = "1000"
+IMAGE_USER = "65532"
+USERADD_OPTIONS = ["--no-log-init", "--create-home"]
+"""--no-log-init: no lastlog/faillog entry, which for a high uid is a sparse file that an image
+layer stores whole."""
 APP_ROOT = "opt/elastra"
 WORKER_REQUIREMENTS = ["torch", "numpy", "prometheus-client", "pyyaml", "s3fs"]
 WORKER_APP_DIRS = ("elastra_worker", "examples")
@@ -216,9 +219,9 @@ def _chroot_env() -> dict[str, str]:
 
 
 def build_base() -> Layer:
-    """Debian minbase + python3 + a uid-1000 user, as one layer (debootstrap, the slow part)."""
+    """Debian minbase + python3 + the IMAGE_USER user, as one layer (debootstrap, the slow part)."""
     mirror, suite = apt_mirror()
-    key = _key("base", mirror, suite, ",".join(PY_PACKAGES))
+    key = _key("base", mirror, suite, ",".join(PY_PACKAGES), IMAGE_USER)
 
     def make(out: Path) -> Layer:
         hostpkgs.require("debootstrap")
@@ -236,7 +239,7 @@ def build_base() -> Layer:
         )
         env = _chroot_env()
         _run(
-            ["chroot", str(rootfs), "useradd", "--uid", IMAGE_USER, "--create-home", "elastra"],
+            ["chroot", str(rootfs), "useradd", "--uid", IMAGE_USER, *USERADD_OPTIONS, "elastra"],
             env=env,
         )
         _run(["chroot", str(rootfs), "apt-get", "clean"], env=env)

@@ -4,8 +4,8 @@ Users build ``operator/Dockerfile`` and ``worker_image/Dockerfile`` with docker;
 ``make images`` build the same images offline (``e2e/images/build.py``). A package, a path, a
 user or an entrypoint that differs between the two would pass every test here and fail on a
 user's cluster, so both recipes are parsed and compared: Python packages by name, the files
-under /opt/elastra, the uid, entrypoint and command. Each example TrainingJob must run a
-command its image holds.
+under /opt/elastra, the uid (also the chart's and the worker pods'), entrypoint and command.
+Each example TrainingJob must run a command its image holds.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 from e2e.images import build
+
+from elastra.controller.manifests import WORKER_UID
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER_DOCKERFILE = REPO / "worker_image" / "Dockerfile"
@@ -143,6 +145,20 @@ def test_operator_dockerfile_matches_the_offline_build() -> None:
     assert final.entrypoint == build.OPERATOR_ENTRYPOINT
     assert final.cmd is None  # the offline image has no cmd either
     assert final.expose == []
+
+
+@pytest.mark.parametrize("dockerfile", [WORKER_DOCKERFILE, OPERATOR_DOCKERFILE])
+def test_the_image_user_is_the_one_pods_and_the_chart_run_as(dockerfile: Path) -> None:
+    """One uid everywhere: the worker pods' runAsUser/fsGroup, the chart's operator pod, the
+    offline build and both Dockerfiles; above the host's login users (login.defs: at most
+    60000), which is what scanners such as checkov ask (tests/unit/test_checkov.py)."""
+    final = parse_dockerfile(dockerfile)[-1]
+    (useradd,) = [shlex.split(run) for run in final.runs if "useradd" in run]
+    assert useradd == ["useradd", "--uid", build.IMAGE_USER, *build.USERADD_OPTIONS, "elastra"]
+    values = yaml.safe_load((REPO / "helm" / "elastra" / "values.yaml").read_text())
+    uid = int(build.IMAGE_USER)
+    assert values["runAsUser"] == values["runAsGroup"] == WORKER_UID == uid
+    assert uid > 60000
 
 
 def test_operator_wheel_stage_copies_every_package_of_the_wheel() -> None:

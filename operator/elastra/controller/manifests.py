@@ -66,7 +66,9 @@ ASSIGNMENT_DIR = "/etc/elastra"
 SHM_VOLUME = "dshm"
 TMP_VOLUME = "tmp"
 TMP_DIR = "/tmp"
-WORKER_UID = 1000
+WORKER_UID = 65532
+"""The worker image's user (worker_image/Dockerfile), above any host's login users (login.defs
+allots them 1000-60000): what it writes on a node, or does if it escapes, is no host user's."""
 SCRATCH_ENV = (
     ("HOME", TMP_DIR),
     ("TMPDIR", TMP_DIR),

@@ -15,6 +15,7 @@ from elastra.controller.manifests import (
     ANNOTATION_ASSIGNMENT,
     GANG_GATE,
     LABEL_JOB,
+    WORKER_UID,
     RankSpec,
     assignment_json,
     headless_service,
@@ -210,7 +211,7 @@ def test_dev_shm_is_a_sized_memory_volume_unless_zero(
 def test_baseline_relaxes_the_pod_and_sidecars_but_not_the_worker() -> None:
     pod = templated(podSecurity="baseline")
     spec = pod["spec"]
-    assert spec["securityContext"] == {"fsGroup": 1000}
+    assert spec["securityContext"] == {"fsGroup": WORKER_UID}
     assert "securityContext" not in container(pod, "metrics-agent")
     assert "securityContext" not in container(pod, "fetch", "initContainers")
     worker_only = {**spec, "containers": [container(pod, "worker")], "initContainers": []}
