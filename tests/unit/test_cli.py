@@ -77,3 +77,14 @@ def test_unreachable_server_is_one_line(
         f"elastra: error: cannot reach the API server at {server} (connection refused): "
         f"is the cluster up? (kubeconfig {path}, context kind-x)\n"
     )
+
+
+def test_a_sharing_scope_it_does_not_know_is_a_usage_error_naming_the_choices(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--sharing=everywhere"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--sharing: invalid choice: 'everywhere'" in err
+    assert "'off', 'namespace', 'cluster'" in err

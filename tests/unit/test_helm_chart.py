@@ -26,6 +26,7 @@ from elastra.api.podtemplate import WORKER_CONTAINER
 from elastra.controller import metrics as operator_metrics
 from elastra.controller.manifests import LABEL_JOB, worker_pod
 from elastra.controller.settings import OperatorSettings
+from elastra.elastic.share import Scope
 from elastra.kube import client as kube_client
 from elastra_worker.metrics import DEFAULT_METRICS_PORT, WorkerCollector
 from tests.cases.specs import base_manifest
@@ -279,6 +280,7 @@ def test_deployment_runs_one_operator_with_probes_and_resources(default: list[Ma
         "--no-create-lease",  # the chart owns the Lease (templates/lease.yaml)
         f"--peering={RELEASE}",
         "--priority=100",
+        "--sharing=namespace",
     ]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"metrics": 8080, "health": 8081}
@@ -336,6 +338,21 @@ def test_values_reach_the_operator_flags(namespaced: list[Manifest]) -> None:
         "--toleration=kwok.x-k8s.io/node=fake:NoSchedule",
         "--toleration=elastra.dev/training",
     ]
+
+
+@pytest.mark.parametrize("scope", ["off", "cluster"])
+def test_sharing_reaches_the_operator_flag(helm: Path, tmp_path: Path, scope: str) -> None:
+    args = container(one(render(helm, tmp_path, {"sharing": scope}), "Deployment"))["args"]
+    assert [a for a in args if a.startswith("--sharing")] == [f"--sharing={scope}"]
+
+
+def test_sharing_values_are_the_operator_scopes(helm: Path, tmp_path: Path) -> None:
+    """The schema allows exactly what `elastra run --sharing` takes, and names the value."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["sharing"]["enum"] == [scope.value for scope in Scope]
+    with pytest.raises(HelmError) as failure:
+        render(helm, tmp_path, {"sharing": "everywhere"})
+    assert "/sharing" in str(failure.value) and "namespace" in str(failure.value)
 
 
 RESTRICTED_VOLUME_TYPES = {

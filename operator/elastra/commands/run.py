@@ -12,6 +12,7 @@ from typing import Any
 from elastra.api.formats import DNS_LABEL, SIZE, is_zero_size
 from elastra.controller.settings import OperatorSettings, PodPeer, Toleration
 from elastra.elastic.resize import ResizePolicy
+from elastra.elastic.share import Scope
 from elastra.errors import UserError
 from elastra.kube import resources
 from elastra.kube.client import Kube, RetryPolicy
@@ -168,6 +169,14 @@ def register(sub: Any) -> None:
         help="sizeLimit of each worker's /tmp, where HOME and torch's caches live: the root "
         f"file system is read-only (default {OperatorSettings.worker_tmp_size})",
     )
+    parser.add_argument(
+        "--sharing",
+        choices=[scope.value for scope in Scope],
+        default=OperatorSettings.sharing.value,
+        help="which jobs give GPUs to a job starved below its minReplicas: off, those of its "
+        "namespace, or those of the whole cluster; never a job of higher priority "
+        f"(PriorityClass value) than the starved one (default {OperatorSettings.sharing.value})",
+    )
     parser.add_argument("--log-format", choices=["json", "plain"], default="json")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.set_defaults(handler=run)
@@ -260,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
         network_policy=args.network_policy,
         metrics_peers=metrics_peers(args, os.environ.get("POD_NAMESPACE")),
         worker_tmp_size=args.worker_tmp_size,
+        sharing=Scope(args.sharing),
     )
     connection = load_connection(args.kubeconfig, context=args.context)
     asyncio.run(_check_reachable(connection))

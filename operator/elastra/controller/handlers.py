@@ -90,6 +90,8 @@ class Runtime:
         self.snapshot.jobs.listeners.append(self.on_job)
         self.snapshot.pods.listeners.append(self.on_pod)
         self.snapshot.nodes.listeners.append(self.on_node)
+        if self.snapshot.classes is not None:  # a job's priority may have changed
+            self.snapshot.classes.listeners.append(lambda *_: self.poke_all())
 
     def on_job(self, kind: str, old: JsonDict | None, new: JsonDict | None) -> None:
         """A TrainingJob appeared, changed or went away: start, wake or stop its loop."""

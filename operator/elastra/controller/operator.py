@@ -1,8 +1,9 @@
 """Start the operator: the informers, Kopf with Elastra's handlers, one identity, metrics
 and liveness.
 
-The informers (nodes, pods, TrainingJobs; see ``snapshot``) run as tasks beside Kopf and wake
-the job loops; Kopf runs the Workload handler, peering and the liveness endpoint.
+The informers (nodes, pods, TrainingJobs, PriorityClasses; see ``snapshot``) run as tasks
+beside Kopf and wake the job loops; Kopf runs the Workload handler, peering and the liveness
+endpoint.
 
 Kopf's own watch streams log in with the same credentials as Elastra's API client (a login
 handler hands Kopf the connection ``elastra.kube.config`` loaded), so the operator never
@@ -34,6 +35,7 @@ from elastra.controller.leader import LeaderElector, identity
 from elastra.controller.progress import ProgressReader
 from elastra.controller.settings import OperatorSettings
 from elastra.controller.snapshot import ClusterSnapshot
+from elastra.elastic.share import Scope
 from elastra.kube.client import ApiError, Kube
 from elastra.kube.config import Connection
 from elastra.kube.credentials import REFRESH_MARGIN
@@ -84,7 +86,9 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
     )
     progress = ProgressReader(options.settings)
     snapshot = ClusterSnapshot.watching(
-        kube, watch_timeout_s=options.settings.watch_timeout.total_seconds()
+        kube,
+        watch_timeout_s=options.settings.watch_timeout.total_seconds(),
+        priority_classes=options.settings.sharing is not Scope.OFF,
     )
     rt = Runtime(
         kube=kube,

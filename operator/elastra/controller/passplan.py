@@ -82,6 +82,7 @@ from elastra.elastic.resize import (
     ResizeInput,
     decide,
 )
+from elastra.elastic.share import NO_CLASSES, Priorities
 from elastra.elastic.workers import NodeName, PodName, WorkerState, WorkerView
 from elastra.errors import UserError
 
@@ -106,6 +107,8 @@ class Observation:
     """What the world's rank 0 reported, when it was read this pass."""
     lost_nodes: Mapping[str, datetime] = field(default_factory=dict)
     """When this operator saw nodes deleted (see ``observe.pod_facts``)."""
+    priorities: Priorities = NO_CLASSES
+    """The cluster's PriorityClass values, for sharing."""
     workload: JsonDict | None = None
     """The job's Kueue Workload, read only for a job with the queue-name label."""
     status_written: datetime | None = None
@@ -240,7 +243,14 @@ def _running(
     placement, backoff_left = _placement(ctx)
     impossible = _impossible(job, obs.nodes) if placement.reason and not facts else None
     desired = sharing.desired(
-        job, facts, obs.jobs, obs.cluster_pods, free=len(placement.pods), reserved=obs.reserved
+        job,
+        facts,
+        obs.jobs,
+        obs.cluster_pods,
+        free=len(placement.pods),
+        reserved=obs.reserved,
+        priorities=obs.priorities,
+        scope=settings.sharing,
     )
     move = _move(ctx, desired) if not placement.pods else None
     if move is not None:

@@ -127,6 +127,7 @@ def _observe(
         reserved=cluster.reserved,
         progress=report,
         lost_nodes=cluster.lost_nodes,
+        priorities=cluster.priorities,
         workload=workload,
         status_written=snapshot.status_written(namespace, name),
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from elastra.elastic.resize import ResizePolicy
+from elastra.elastic.share import Scope
 
 
 @dataclass(frozen=True)
@@ -94,3 +95,6 @@ class OperatorSettings:
     """sizeLimit of each worker's /tmp: the root file system is read-only, so scratch files,
     HOME and the torch compiler caches live there, and a runaway writer is evicted instead of
     filling the node's disk."""
+    sharing: Scope = Scope.NAMESPACE
+    """Which jobs give GPUs to a job starved below its minimum (``elastra.elastic.share``):
+    none, those of its namespace, or those of every namespace; never one of higher priority."""

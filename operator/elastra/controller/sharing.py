@@ -1,7 +1,9 @@
 """Claims of every TrainingJob, read from raw objects, for ``elastra.elastic.share``.
 
 Listing all jobs and parsing each fully on every pass would cost O(jobs^2) pydantic parses;
-the sharing rule needs five facts per job, read here straight from the dicts.
+the sharing rule needs six facts per job, read here straight from the dicts. Priorities are
+numbers by then: ``priorities`` reads the cluster's PriorityClasses (which the snapshot
+caches) into a ``Priorities``, and each job's class name is looked up in it per pass.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from elastra.api import TrainingJob
 from elastra.controller.manifests import LABEL_JOB
 from elastra.controller.memo import LastOf, PerObject
 from elastra.controller.observe import PodFacts
-from elastra.elastic.share import Claim, shared_desired
+from elastra.elastic.share import NO_CLASSES, Claim, Priorities, Scope, shared_desired
 from elastra.planner.catalog import lookup, matches
 
 JsonDict = Mapping[str, Any]
@@ -29,6 +31,18 @@ def compatible(pattern: str, type_name: str) -> bool:
     return gpu is not None and matches(pattern, gpu)
 
 
+def priorities(classes: Iterable[JsonDict]) -> Priorities:
+    """The value of every PriorityClass (raw objects), and the global default's."""
+    return Priorities.of_classes(
+        (
+            str((c.get("metadata") or {}).get("name") or ""),
+            int(c.get("value") or 0),
+            bool(c.get("globalDefault")),
+        )
+        for c in classes
+    )
+
+
 def desired(
     job: TrainingJob,
     facts: Mapping[str, PodFacts],
@@ -37,17 +51,26 @@ def desired(
     *,
     free: int,
     reserved: Sequence[JsonDict] = (),
+    priorities: Priorities = NO_CLASSES,
+    scope: Scope = Scope.NAMESPACE,
 ) -> int:
-    """``spec.replicas``, lowered while a starved job needs GPUs this job holds.
+    """``spec.replicas``, lowered while a starved job needs GPUs this job may give it.
 
     The size the user asked for, not the planner's: what the planner can place now is
     ``decide``'s concern (``placeable``), and starting from a smaller planned size here would
-    make a job that is short of capacity also give GPUs away it never asked to give.
+    make a job that is short of capacity also give GPUs away it never asked to give. A job
+    whose PriorityClass does not exist (its pods would be refused) neither gives nor takes.
     """
+    if scope is Scope.OFF:
+        return job.spec.replicas
     key = f"{job.metadata.namespace}/{job.metadata.name}"
-    claims = [c for c in _CLAIMS.get(jobs, _PER_JOB.map) if c is not None and c.key != key]
-    if not any(c.starved for c in claims):
+    entries = [e for e in _CLAIMS.get(jobs, _PER_JOB.map) if e is not None and e[0].key != key]
+    if not any(claim.starved for claim, _ in entries):
         return job.spec.replicas  # nobody waits for GPUs: nothing to give (most passes)
+    template = job.spec.worker.template
+    priority = priorities.of(template.pod_spec().priority_class_name if template else None)
+    if priority is None:
+        return job.spec.replicas
     # Terminating pods count (``holds_gpus``): before, a donor whose donated pod was still
     # shutting down gave a second one in that moment.
     held = sum(1 for f in facts.values() if f.view.state.holds_gpus)
@@ -58,13 +81,24 @@ def desired(
         held=held,
         starved=_starved(job.status.model_dump(by_alias=True), job.spec.suspend),
         gpu_types=frozenset(placed or job.spec.worker.gpu_types),
+        priority=priority,
     )
     counts = _LIVE_PODS.get(cluster_pods, _live_pods) + _counted(map(_live_job, reserved))
-    others = [dataclasses.replace(claim, held=counts.get(claim.key, 0)) for claim in claims]
-    return shared_desired(me, others, desired=job.spec.replicas, free=free, compatible=compatible)
+    others = [
+        dataclasses.replace(claim, held=counts.get(claim.key, 0), priority=value)
+        for claim, class_name in entries
+        if (value := priorities.of(class_name)) is not None
+    ]
+    return shared_desired(
+        me, others, desired=job.spec.replicas, free=free, compatible=compatible, scope=scope
+    )
 
 
-def _claim(raw: JsonDict) -> Claim | None:
+_Entry = tuple[Claim, str | None]
+"""A job's claim (``held`` 0, priority 0: both filled per pass) and its PriorityClass name."""
+
+
+def _claim(raw: JsonDict) -> _Entry | None:
     meta = raw.get("metadata") or {}
     spec = raw.get("spec") or {}
     status = raw.get("status") or {}
@@ -75,14 +109,17 @@ def _claim(raw: JsonDict) -> Claim | None:
         return None
     starved = _starved(status, bool(spec.get("suspend")))
     placed = {str(p.get("gpuType")) for p in status.get("placement") or [] if p.get("gpuType")}
-    patterns = {str(t) for t in (spec.get("worker") or {}).get("gpuTypes") or []}
-    return Claim(
+    worker = spec.get("worker") or {}
+    patterns = {str(t) for t in worker.get("gpuTypes") or []}
+    class_name = ((worker.get("template") or {}).get("spec") or {}).get("priorityClassName")
+    claim = Claim(
         key=key,
         minimum=minimum,
         held=0,
         starved=starved,
         gpu_types=frozenset(patterns if starved or not placed else placed),
     )
+    return claim, str(class_name) if class_name else None
 
 
 def _starved(status: JsonDict, suspended: bool) -> bool:
@@ -103,9 +140,9 @@ def _starved(status: JsonDict, suspended: bool) -> bool:
 
 
 _LIVE_PODS: LastOf[Sequence[JsonDict], Counter[str]] = LastOf()
-_PER_JOB: PerObject[JsonDict, Claim | None] = PerObject(_claim)
-"""Each job's claim with ``held`` 0 (filled from the pod counts): re-read only when it changed."""
-_CLAIMS: LastOf[Sequence[JsonDict], list[Claim | None]] = LastOf()
+_PER_JOB: PerObject[JsonDict, _Entry | None] = PerObject(_claim)
+"""Each job's claim and class name: re-read only when the job changed."""
+_CLAIMS: LastOf[Sequence[JsonDict], list[_Entry | None]] = LastOf()
 
 
 def _live_pods(pods: Sequence[JsonDict]) -> Counter[str]:

@@ -1,6 +1,7 @@
 """The cluster as every pass reads it: the informers' stores, plus the pods being created.
 
-Passes read nodes, pods and TrainingJobs from watch-fed caches (``elastra.kube.informer``), so
+Passes read nodes, pods, TrainingJobs and PriorityClasses (for sharing, as numbers: see
+``sharing.priorities``) from watch-fed caches (``elastra.kube.informer``), so
 a pass makes no read request at all, and a steady job costs the API server nothing.
 
 A cache lags the writes that passes make, which matters in two ways:
@@ -31,6 +32,8 @@ from datetime import datetime, timedelta
 from elastra.controller.manifests import LABEL_JOB
 from elastra.controller.memo import PerObject
 from elastra.controller.observe import slim_node, slim_pod
+from elastra.controller.sharing import priorities
+from elastra.elastic.share import NO_CLASSES, Priorities
 from elastra.kube import resources
 from elastra.kube.client import JsonDict, Kube
 from elastra.kube.informer import Informer, Key, key_of, version_of, without_managed_fields
@@ -51,6 +54,8 @@ class Cluster:
     jobs: tuple[JsonDict, ...]
     reserved: tuple[JsonDict, ...] = ()
     lost_nodes: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
+    priorities: Priorities = NO_CLASSES
+    """The PriorityClasses' values (none read when sharing is off)."""
 
 
 @dataclass
@@ -90,13 +95,16 @@ def keep_pod(pod: JsonDict) -> JsonDict:
 
 @dataclass
 class ClusterSnapshot:
-    """Nodes, pods and TrainingJobs from their informers, and this operator's reservations."""
+    """Nodes, pods, TrainingJobs and PriorityClasses from their informers, and this
+    operator's reservations."""
 
     nodes: Informer
     pods: Informer
     jobs: Informer
+    classes: Informer | None = None
+    """PriorityClasses; ``None`` when nothing reads them (sharing off)."""
     _cluster: Cluster = field(default_factory=lambda: Cluster((), (), ()))
-    _built: tuple[int, int, int] = (-1, -1, -1)
+    _built: tuple[int, int, int, int] = (-1, -1, -1, -1)
     _reserved: dict[Key, _Reservation] = field(default_factory=dict)
     _slim: PerObject[JsonDict, JsonDict] = field(default_factory=lambda: PerObject(slim_pod))
     """Each cached pod's ``slim_pod``: a read re-slims only the pods that changed."""
@@ -109,11 +117,14 @@ class ClusterSnapshot:
         self.jobs.listeners.append(self._job_seen)
 
     @classmethod
-    def watching(cls, kube: Kube, *, watch_timeout_s: float = 600.0) -> ClusterSnapshot:
-        """A snapshot over informers of every node, pod and TrainingJob of the cluster.
+    def watching(
+        cls, kube: Kube, *, watch_timeout_s: float = 600.0, priority_classes: bool = True
+    ) -> ClusterSnapshot:
+        """A snapshot over informers of every node, pod and TrainingJob of the cluster, and
+        of every PriorityClass unless ``priority_classes`` is false.
 
         Cluster-wide even when the operator manages one namespace: capacity counts every pod
-        on a node, and scarce GPU types are shared between the jobs of all namespaces.
+        on a node, and scarce GPU types may be shared between the jobs of all namespaces.
         """
         return cls(
             nodes=resources.nodes_informer(kube, slim_node, watch_timeout_s=watch_timeout_s),
@@ -121,12 +132,16 @@ class ClusterSnapshot:
                 kube, keep_pod, index=job_of, watch_timeout_s=watch_timeout_s
             ),
             jobs=resources.jobs_informer(kube, watch_timeout_s=watch_timeout_s),
+            classes=resources.priority_classes_informer(kube, watch_timeout_s=watch_timeout_s)
+            if priority_classes
+            else None,
         )
 
     @property
-    def informers(self) -> tuple[Informer, Informer, Informer]:
-        """The three informers (the operator runs each as a task)."""
-        return (self.nodes, self.pods, self.jobs)
+    def informers(self) -> tuple[Informer, ...]:
+        """The informers (the operator runs each as a task)."""
+        found = (self.nodes, self.pods, self.jobs)
+        return found if self.classes is None else (*found, self.classes)
 
     @property
     def synced(self) -> bool:
@@ -155,15 +170,19 @@ class ClusterSnapshot:
     def _rebuild(self) -> None:
         """New tuples for the informers that changed since the last read, and only for them."""
         nodes, pods, jobs = self.nodes.version, self.pods.version, self.jobs.version
-        if (nodes, pods, jobs) == self._built:
+        classes = -1 if self.classes is None else self.classes.version
+        if (nodes, pods, jobs, classes) == self._built:
             return
         was = self._cluster
         self._cluster = Cluster(
             nodes=was.nodes if nodes == self._built[0] else tuple(self.nodes.items()),
             pods=was.pods if pods == self._built[1] else tuple(self._slim.map(self.pods.items())),
             jobs=was.jobs if jobs == self._built[2] else tuple(self.jobs.items()),
+            priorities=was.priorities
+            if classes == self._built[3] or self.classes is None
+            else priorities(self.classes.items()),
         )
-        self._built = (nodes, pods, jobs)
+        self._built = (nodes, pods, jobs, classes)
 
     def job(self, namespace: str, name: str) -> JsonDict | None:
         """The cached TrainingJob, or ``None``."""

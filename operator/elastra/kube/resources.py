@@ -78,6 +78,16 @@ def jobs_informer(kube: Kube, *, watch_timeout_s: float) -> Informer:
     )
 
 
+PRIORITY_CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
+
+
+def priority_classes_informer(kube: Kube, *, watch_timeout_s: float) -> Informer:
+    """Every PriorityClass, watched (sharing compares the jobs' priorities)."""
+    return Informer(
+        kube, PRIORITY_CLASSES, transform=without_managed_fields, watch_timeout_s=watch_timeout_s
+    )
+
+
 async def create_pod(kube: Kube, namespace: str, pod: JsonDict) -> JsonDict | None:
     """Create a pod; ``None`` when it already exists."""
     return await kube.create(pods_path(namespace), pod)

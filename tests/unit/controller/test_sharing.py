@@ -1,4 +1,5 @@
-"""sharing.desired: the user's size, lowered only to give GPUs to a starved job."""
+"""sharing.desired: the user's size, lowered only to give GPUs to a starved job it may give
+to (by priority and namespace, as the operator's --sharing says)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from elastra.api import TrainingJob
 from elastra.controller import sharing
 from elastra.controller.observe import PodFacts
+from elastra.elastic.share import Priorities, Scope
 from elastra.elastic.workers import PodName, WorkerState, WorkerView
 from tests.unit.controller.test_passplan import job
 
@@ -31,10 +33,15 @@ def held(count: int, *, terminating: int = 0) -> dict[str, PodFacts]:
     return facts
 
 
-def starved(name: str, minimum: int) -> dict[str, Any]:
+def starved(
+    name: str, minimum: int, *, namespace: str = "default", priority_class: str | None = None
+) -> dict[str, Any]:
+    worker: dict[str, Any] = {"gpuTypes": []}
+    if priority_class:
+        worker["template"] = {"spec": {"priorityClassName": priority_class}}
     return {
-        "metadata": {"namespace": "default", "name": name},
-        "spec": {"minReplicas": minimum, "worker": {"gpuTypes": []}},
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": {"minReplicas": minimum, "worker": worker},
         "status": {
             "conditions": [{"type": "Degraded", "status": "True", "reason": "InsufficientCapacity"}]
         },
@@ -117,3 +124,68 @@ def test_counts_follow_a_new_listing_that_shares_pods_with_the_last() -> None:
     running, other = worker_of("a", 0), worker_of("b", 0)
     assert sharing._live_pods((running, other)) == {"default/a": 1, "default/b": 1}
     assert sharing._live_pods((worker_of("a", 0, "Succeeded"), other)) == {"default/b": 1}
+
+
+def priority_class(name: str, value: int, *, default: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": name, "resourceVersion": "7"},
+        "value": value,
+    }
+    if default:
+        body["globalDefault"] = True
+    return body
+
+
+CLASSES = sharing.priorities(
+    [priority_class("high", 1000), priority_class("low", 10), priority_class("normal", 100)]
+)
+
+
+def with_class(name: str | None, **spec: Any) -> TrainingJob:
+    """This job (4 replicas, minimum 2, holding 4) with its pods in PriorityClass ``name``."""
+    body = job(replicas=4, **spec)
+    if name:
+        body["spec"]["worker"]["template"] = {"spec": {"priorityClassName": name}}
+    return TrainingJob.model_validate(body)
+
+
+@pytest.mark.parametrize(
+    ("mine", "theirs", "namespace", "scope", "want"),
+    [
+        ("low", "high", "default", Scope.NAMESPACE, 2),  # gives down to its minimum
+        ("high", "low", "default", Scope.NAMESPACE, 4),  # never to a lower priority
+        ("normal", "normal", "default", Scope.NAMESPACE, 2),  # equals share
+        (None, "low", "default", Scope.NAMESPACE, 2),  # no class: 0, below "low"
+        ("low", None, "default", Scope.NAMESPACE, 4),  # ... so "low" keeps its GPUs
+        ("low", "high", "team-b", Scope.NAMESPACE, 4),  # another namespace
+        ("low", "high", "team-b", Scope.CLUSTER, 2),
+        ("low", "high", "default", Scope.OFF, 4),
+        ("missing", "high", "default", Scope.NAMESPACE, 4),  # its pods would be refused
+        ("low", "missing", "default", Scope.NAMESPACE, 4),  # so would the starved job's
+    ],
+)
+def test_priority_classes_and_scope_decide_who_gives(
+    mine: str | None, theirs: str | None, namespace: str, scope: Scope, want: int
+) -> None:
+    others = [starved("other", 2, namespace=namespace, priority_class=theirs)]
+    got = sharing.desired(
+        with_class(mine), held(4), others, [], free=0, priorities=CLASSES, scope=scope
+    )
+    assert got == want
+
+
+def test_the_global_default_class_is_the_priority_of_a_job_naming_none() -> None:
+    classes = sharing.priorities(
+        [priority_class("high", 1000), priority_class("base", 50, default=True)]
+    )
+    assert classes == Priorities(values={"high": 1000, "base": 50}, default=50)
+    others = [starved("other", 2, priority_class="base")]
+    me = with_class(None)
+    assert sharing.desired(me, held(4), others, [], free=0, priorities=classes) == 2, (
+        "no class: the default's 50, equal to the starved job's: shares"
+    )
+    assert sharing.desired(me, held(4), others, [], free=0) == 4, (
+        "without the classes the starved job names one that does not exist: no sharing"
+    )

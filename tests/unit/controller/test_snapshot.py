@@ -226,3 +226,20 @@ def test_slim_listings_give_the_same_capacity_health_and_counts() -> None:
     assert _node_health(slim_nodes) == _node_health(nodes)
     assert _live_pods(slim_pods) == _live_pods(pods)
     assert len(json.dumps(slim_pods)) < len(json.dumps(pods)) / 2
+
+
+def test_priority_classes_reach_every_pass_as_numbers_and_follow_their_watch() -> None:
+    snap = synced_snapshot()
+    assert snap.read().priorities.of("high") is None, "no classes informer: none known"
+    snap.classes = Informer(None, "/apis/scheduling.k8s.io/v1/priorityclasses")
+    assert snap.classes in snap.informers and not snap.synced
+    high = {"metadata": {"name": "high", "resourceVersion": "1"}, "value": 1000}
+    snap.classes.replace([high], "1")
+    assert snap.synced
+    first = snap.read()
+    assert (first.priorities.of("high"), first.priorities.of(None)) == (1000, 0)
+    assert snap.read() is first, "nothing changed: the same cluster"
+    base = {"metadata": {"name": "base", "resourceVersion": "2"}, "value": 5, "globalDefault": True}
+    snap.classes.apply({"type": "ADDED", "object": base})
+    assert snap.read().priorities.of(None) == 5
+    assert snap.read().nodes is first.nodes, "the other listings are kept"
