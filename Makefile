@@ -6,17 +6,24 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# checkov (the chart and worker-pod scan in tests/unit/test_checkov.py) lives in a venv of its
+# own: it pins boto3, packaging and networkx exactly, below what constraints.txt holds.
+CHECKOV_VENV := $(VENV)/checkov
 PY_SOURCES := operator worker_image tests e2e bench
 
 .PHONY: help
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt constraints-checkov.txt
 	@echo "==> creating $(VENV) and installing elastra[worker,dev] (first time: torch is large)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --progress-bar off -c constraints.txt -e '.[worker,dev]'
+	@echo "==> checkov into $(CHECKOV_VENV) (pins in constraints-checkov.txt)"
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet --upgrade pip
+	$(CHECKOV_VENV)/bin/pip install --progress-bar off -c constraints-checkov.txt checkov
 	@touch $@
 
 .PHONY: venv
@@ -57,10 +64,11 @@ toolchain: ## Build (or reuse from cache) etcd, kube-*, kubectl, kubelet, kwok, 
 
 REAL_NODE ?=
 NODE_IMAGES ?= python,worker
+AUTOSCALER ?=
 
 .PHONY: cluster-up
-cluster-up: $(STAMP) toolchain ## Start the local control plane + kwok nodes (FLEET=hetero-small; REAL_NODE=1: + a real node)
-	$(BIN)/python -m e2e.cluster up --fleet $(FLEET)$(if $(REAL_NODE), --real-node --images $(NODE_IMAGES))
+cluster-up: $(STAMP) toolchain ## Start the local control plane + kwok nodes (FLEET=hetero-small; REAL_NODE=1: + a real node; AUTOSCALER=karpenter)
+	$(BIN)/python -m e2e.cluster up --fleet $(FLEET)$(if $(REAL_NODE), --real-node --images $(NODE_IMAGES))$(if $(AUTOSCALER), --autoscaler $(AUTOSCALER))
 
 .PHONY: images
 images: $(STAMP) ## Build (or reuse from cache) the pause, python, worker and operator images, no registry
@@ -106,8 +114,9 @@ helm-lint: toolchain ## helm lint --strict and a helm template of the chart (als
 	  echo "helm-lint: OK"
 
 .PHONY: lock
-lock: $(STAMP) ## Re-pin constraints.txt to what .venv resolved (commit the result)
+lock: $(STAMP) ## Re-pin constraints.txt and constraints-checkov.txt to what the venvs resolved (commit them)
 	$(BIN)/pip freeze --exclude-editable | grep -v '^elastra' > constraints.txt
+	$(CHECKOV_VENV)/bin/pip freeze > constraints-checkov.txt
 
 .PHONY: clean
 clean: ## Remove the virtualenv and caches (not the toolchain cache)

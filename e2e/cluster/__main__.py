@@ -12,10 +12,13 @@ import shutil
 import sys
 from pathlib import Path
 
+from . import karpenter
 from .api import WaitTimeoutError
 from .controlplane import DEFAULT_FLEET, apply_fleet, down, status, toolchain_bindir, up
 from .fleet import FleetError
 from .state import ClusterError, Layout, default_layout
+
+AUTOSCALER = "karpenter"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,6 +49,13 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         help="with --real-node: images to build and import, comma-separated (worker,operator)",
     )
+    p_up.add_argument(
+        "--autoscaler",
+        choices=["none", AUTOSCALER],
+        default="none",
+        help="also start Karpenter (kwok provider) with GPU instance types and a NodePool 'gpu' "
+        "(built on first use, about 10 minutes)",
+    )
     p_down = sub.add_parser("down", help="stop exactly the processes up started")
     p_down.add_argument("--purge", action="store_true", help="also delete logs and the PKI")
     sub.add_parser("status", help="print what runs (JSON); exit 1 when the cluster is not up")
@@ -67,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                 real_node=args.real_node,
                 images=tuple(i for i in args.images.split(",") if i),
             )
+            if args.autoscaler == AUTOSCALER:
+                karpenter.start(layout, default_pool=True)
         elif args.command == "down":
             down(layout, keep_logs=not args.purge)
             if args.purge:
