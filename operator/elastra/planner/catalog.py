@@ -19,7 +19,7 @@ Conventions:
 
 Sources (abbreviated in the entries):
   [H200]   NVIDIA H200 Tensor Core GPU datasheet (2024).
-  [H100]   NVIDIA H100 Tensor Core GPU datasheet (2023), SXM5 and PCIe columns.
+  [H100]   NVIDIA H100 Tensor Core GPU datasheet (2023), SXM5, PCIe and NVL columns.
   [A100]   NVIDIA A100 Tensor Core GPU datasheet (2021), 40GB/80GB, SXM4/PCIe columns.
   [L40S]   NVIDIA L40S datasheet (2023).  [L4] NVIDIA L4 datasheet (2023).
   [A10]    NVIDIA A10 datasheet (2021); AWS's A10G is the A10 part in g5 instances.
@@ -33,6 +33,9 @@ Sources (abbreviated in the entries):
   [LAMBDA] Lambda on-demand cloud prices per GPU-hour, 2024 (H100 SXM $2.99, H100 PCIe
            $2.49, A100 SXM 80GB $1.79, A100 40GB $1.29, V100 16GB $0.50); H200 approximate.
   [AMD-CLOUD] public MI300X on-demand offers, 2024 (about $2.5/GPU-hour).
+  [AZURE]  Azure NC H100 v5 size series: H100 NVL 94GB, 1 GPU per NC40ads (40 Gb/s), 2 per
+           NC80adis (80 Gb/s), the pair NVLink-bridged; pay-as-you-go list price, East US,
+           2024, about $7 per GPU-hour (approximate).
   [CPU]    Intel Xeon (Sapphire Rapids) AVX-512: 2 FMA units x 16 fp32 lanes x 2 FLOP
            x ~3 GHz = ~0.19 TFLOP/s per core; AWS c7i at $0.0446 per vCPU-hour.
   [CAL]    model constant calibrated against the published runs in ``validation`` (A100,
@@ -51,6 +54,12 @@ GpuTypeName = NewType("GpuTypeName", str)
 """A catalog name such as ``H100-SXM-80GB``; always contains the marketing name."""
 
 Precision = Literal["bf16", "fp16", "fp32"]
+
+NVIDIA_GPU = "nvidia.com/gpu"
+"""The extended resource NVIDIA's device plugin advertises and GPU pods request."""
+AMD_GPU = "amd.com/gpu"
+"""The extended resource AMD's device plugin (ROCm k8s-device-plugin) advertises."""
+GPU_RESOURCES = (NVIDIA_GPU, AMD_GPU)
 
 CPU_TYPE = GpuTypeName("CPU")
 """The pseudo-type of CPU-only nodes; one "device" is one core."""
@@ -74,6 +83,8 @@ class GpuType:
     gemm_efficiency: float
     product_labels: tuple[str, ...] = ()
     is_cpu: bool = False
+    resource: str = NVIDIA_GPU
+    """The extended resource a pod requests one of these GPUs by (``amd.com/gpu`` for AMD)."""
 
     def peak_tflops(self, precision: str) -> float | None:
         """Dense peak TFLOP/s at ``precision``; ``None`` when the hardware lacks it."""
@@ -97,6 +108,7 @@ def _gpu(
     usd: float,
     eff: float,
     labels: tuple[str, ...],
+    resource: str = NVIDIA_GPU,
 ) -> GpuType:
     bf16, fp16, fp32 = tflops
     return GpuType(
@@ -113,6 +125,7 @@ def _gpu(
         hourly_usd=usd,
         gemm_efficiency=eff,
         product_labels=labels,
+        resource=resource,
     )
 
 
@@ -162,6 +175,22 @@ CATALOG: tuple[GpuType, ...] = (
         usd=2.49,
         eff=0.75,
         labels=("NVIDIA-H100-PCIe", "NVIDIA-H100-PCIE-80GB", "NVIDIA-H100-80GB-PCIe"),
+    ),
+    # [H100] NVL: 835/835/418 TFLOP/s dense (half the sparse 1671/835), 94 GB HBM3 at 3.9 TB/s,
+    # NVLink bridge 600 GB/s bidir between a pair. [AZURE] NC H100 v5: at most 2 per VM,
+    # 80 Gb/s; price approximate. Efficiency: between PCIe and SXM, a guess until calibrated.
+    _gpu(
+        "H100-NVL-94GB",
+        "H100",
+        tflops=(835.0, 835.0, 418.0),
+        memory_gib=94.0,
+        hbm_gbs=3900.0,
+        link_gbs=300.0,
+        per_node=2,
+        nic_gbps=80.0,
+        usd=7.0,
+        eff=0.78,
+        labels=("NVIDIA-H100-NVL", "NVIDIA-H100-NVL-94GB"),
     ),
     # [A100] SXM4 80GB: 312/312/156 TFLOP/s, 2.039 TB/s, NVLink 600 GB/s.
     # [DGX] A100: 8 GPUs, 8x200 Gb/s. Price [LAMBDA] $1.79. Efficiency [CAL] (Megatron, BLOOM).
@@ -311,6 +340,8 @@ CATALOG: tuple[GpuType, ...] = (
         eff=0.45,
         labels=("Tesla-T4", "NVIDIA-T4"),
     ),
+    # AMD's node labeller writes amd.com/gpu.product-name=AMD_Instinct_MI300X_OAM; pods request
+    # amd.com/gpu (ROCm k8s-device-plugin).
     # [MI300X] 1307/1307/654 TFLOP/s dense, 192 GB HBM3 at 5.3 TB/s, Infinity Fabric
     # 7x128 GB/s = 896 GB/s bidir per GPU; 8-GPU platform with 8x400 Gb/s. Price [AMD-CLOUD].
     _gpu(
@@ -325,6 +356,7 @@ CATALOG: tuple[GpuType, ...] = (
         usd=2.50,
         eff=0.45,
         labels=("AMD-Instinct-MI300X", "AMD-Instinct-MI300X-OAM", "MI300X-OAM"),
+        resource=AMD_GPU,
     ),
     # [CPU] one core: ~0.19 TFLOP/s fp32 (bf16 without AMX runs at the fp32 rate), a nominal
     # 4 GiB and ~5 GB/s of memory bandwidth per core; "interconnect" is shared memory.
@@ -375,6 +407,17 @@ def by_name(name: str) -> GpuType:
 def lookup(spelling: str) -> GpuType | None:
     """The entry a catalog name or a GPU Feature Discovery product label denotes, or None."""
     return _BY_SPELLING.get(normalize(spelling))
+
+
+def resource_of(name: str) -> str:
+    """The extended resource a pod requests GPUs of catalog type ``name`` by.
+
+    A type the catalog does not know (one a node declared with its own figures) is an NVIDIA
+    GPU: the inventory excludes AMD nodes whose type is not in the catalog, so a pod never
+    asks for the wrong vendor's resource.
+    """
+    gpu = _BY_NAME.get(name)
+    return gpu.resource if gpu is not None else NVIDIA_GPU
 
 
 def matches(pattern: str, gpu: GpuType) -> bool:

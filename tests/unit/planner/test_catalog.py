@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from elastra.planner.catalog import CATALOG, by_name, lookup, matches
+from elastra.planner.catalog import (
+    AMD_GPU,
+    CATALOG,
+    NVIDIA_GPU,
+    by_name,
+    lookup,
+    matches,
+    resource_of,
+)
 
 GFD_LABELS = [
     ("NVIDIA-H100-80GB-HBM3", "H100-SXM-80GB"),
     ("NVIDIA-H100-PCIe", "H100-PCIe-80GB"),
+    ("NVIDIA-H100-NVL", "H100-NVL-94GB"),
     ("NVIDIA-H200", "H200-SXM-141GB"),
     ("NVIDIA-A100-SXM4-80GB", "A100-SXM-80GB"),
     ("NVIDIA-A100-SXM4-40GB", "A100-SXM-40GB"),
@@ -23,6 +32,7 @@ GFD_LABELS = [
     ("Tesla-T4-SHARED", "T4"),
     ("tesla t4", "T4"),
     ("AMD-Instinct-MI300X", "MI300X"),
+    ("AMD_Instinct_MI300X_OAM", "MI300X"),  # as AMD's node labeller writes it
 ]
 
 
@@ -47,7 +57,8 @@ def test_every_entry_has_figures_and_marketing_name_in_its_name() -> None:
 @pytest.mark.parametrize(
     ("pattern", "selected"),
     [
-        ("H100", {"H100-SXM-80GB", "H100-PCIe-80GB"}),
+        ("H100", {"H100-SXM-80GB", "H100-PCIe-80GB", "H100-NVL-94GB"}),
+        ("H100-SXM", {"H100-SXM-80GB"}),
         ("A100-80GB", {"A100-SXM-80GB", "A100-PCIe-80GB"}),
         ("NVIDIA-A100-SXM4-40GB", {"A100-SXM-40GB"}),
         ("t4", {"T4"}),
@@ -62,3 +73,17 @@ def test_gpu_types_patterns(pattern: str, selected: set[str]) -> None:
 def test_precision_support() -> None:
     assert by_name("V100-SXM2-16GB").peak_tflops("bf16") is None
     assert by_name("H100-SXM-80GB").peak_tflops("bf16") == 989.0
+
+
+@pytest.mark.parametrize(
+    ("name", "resource"),
+    [
+        ("MI300X", AMD_GPU),
+        ("H100-SXM-80GB", NVIDIA_GPU),
+        ("T4", NVIDIA_GPU),
+        ("my-own", NVIDIA_GPU),
+    ],
+)
+def test_pods_request_the_vendor_resource_of_their_type(name: str, resource: str) -> None:
+    """A type the catalog does not know was declared by a node's figures: NVIDIA only."""
+    assert resource_of(name) == resource

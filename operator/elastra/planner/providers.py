@@ -1,0 +1,349 @@
+"""Which GPUs a node has, read from the labels clouds, autoscalers and device plugins write.
+
+Elastra's own label and GPU Feature Discovery's product label are not on most managed
+clusters' nodes: GKE names the accelerator, EKS and AKS only the instance type, Karpenter
+the GPU's name and memory. This module holds those providers' facts in one table beside the
+catalog (``catalog`` holds what each GPU type can do; this, which labels mean which type and
+how many GPUs an instance type has) and reads a node's labels in a documented order:
+
+1. ``elastra.dev/gpu-type``: the cluster admin's word; an unknown value is not looked past.
+2. GPU Feature Discovery's ``nvidia.com/gpu.product`` (``NVIDIA-H100-80GB-HBM3``, ``Tesla-T4``,
+   ...; ``catalog.lookup`` knows the spellings) and AMD's node labeller's
+   ``amd.com/gpu.product-name`` (``AMD_Instinct_MI300X_OAM``; also its older
+   ``beta.amd.com/`` prefix): the device's own name.
+3. GKE's ``cloud.google.com/gke-accelerator`` (``nvidia-h100-80gb``).
+4. Karpenter's ``karpenter.k8s.aws/instance-gpu-name`` (``a100``), with
+   ``karpenter.k8s.aws/instance-gpu-memory`` (MiB per GPU) to tell memory variants apart.
+5. AKS's ``kubernetes.azure.com/accelerator`` (``nvidia``: the vendor only) with the VM size
+   in ``node.kubernetes.io/instance-type``.
+6. The instance type alone (``node.kubernetes.io/instance-type``, or its ``beta.`` twin).
+
+From 2 on, a label whose value the table does not know is passed over for the next one (a new
+GFD spelling on a p5.48xlarge is still an H100), and named in the reason when none decides.
+The instance type (or Karpenter's ``instance-gpu-count``) also says how many GPUs the node
+should have; the inventory compares that with ``status.allocatable``, which wins.
+
+Sources, each read for the entries it marks:
+  [EC2]   AWS EC2 accelerated computing instance specifications (p3, p4d, p4de, p5, p5e,
+          p5en, g4dn, g5, g6, g6e), and the generated instance-type reference of the
+          Karpenter AWS provider (website/content/en/docs/reference/instance-types.md):
+          its ``instance-gpu-*`` labels and ``nvidia.com/gpu`` capacity for the same sizes.
+  [AZURE] Microsoft Learn, Azure VM size series: ND A100 v4 (8x A100 40GB SXM), NDm A100 v4
+          (8x A100 80GB SXM), NC A100 v4 (1/2/4x A100 80GB PCIe), ND H100 v5 (8x H100 SXM),
+          ND H200 v5 (8x H200), NC H100 v5 (1/2x H100 NVL), ND MI300X v5 (8x MI300X),
+          NCasT4_v3 (1/1/1/4x T4), NDv2 (8x V100 32GB SXM2). AKS labels GPU nodes
+          ``kubernetes.azure.com/accelerator=nvidia``.
+  [GCE]   Google Compute Engine, "GPU machine types": A2 Standard (a2-highgpu-1g..8g,
+          a2-megagpu-16g: A100 40GB, ``nvidia-tesla-a100``), A2 Ultra (a2-ultragpu-1g..8g:
+          A100 80GB, ``nvidia-a100-80gb``), A3 High/Edge (H100, ``nvidia-h100-80gb``), A3 Mega
+          (H100, ``nvidia-h100-mega-80gb``), A3 Ultra (H200, ``nvidia-h200-141gb``), G2 (L4,
+          ``nvidia-l4``: 1 GPU for -4/-8/-12/-16/-32, 2 for -24, 4 for -48, 8 for -96), N1 with
+          ``nvidia-tesla-t4`` and ``nvidia-tesla-v100`` (16 GB, NVLink). GKE writes the
+          accelerator in ``cloud.google.com/gke-accelerator``.
+  [GFD]   NVIDIA GPU Feature Discovery: ``nvidia.com/gpu.product`` is the device name with
+          spaces as ``-``, ``-SHARED`` appended when time-sliced, ``-MIG-<profile>`` with the
+          single MIG strategy; the mixed strategy advertises ``nvidia.com/mig-<profile>``.
+  [AMD]   ROCm k8s-device-plugin and its node labeller: ``amd.com/gpu`` resources,
+          ``amd.com/gpu.product-name`` (MI300X: ``AMD_Instinct_MI300X_OAM``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from elastra.planner.catalog import CATALOG, GpuTypeName, lookup
+
+LABEL_GPU_TYPE = "elastra.dev/gpu-type"
+LABEL_GFD_PRODUCT = "nvidia.com/gpu.product"
+LABEL_AMD_PRODUCT = "amd.com/gpu.product-name"
+LABEL_AMD_PRODUCT_BETA = "beta.amd.com/gpu.product-name"
+LABEL_GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
+LABEL_KARPENTER_GPU_NAME = "karpenter.k8s.aws/instance-gpu-name"
+LABEL_KARPENTER_GPU_MEMORY = "karpenter.k8s.aws/instance-gpu-memory"
+LABEL_KARPENTER_GPU_COUNT = "karpenter.k8s.aws/instance-gpu-count"
+LABEL_KARPENTER_GPU_MANUFACTURER = "karpenter.k8s.aws/instance-gpu-manufacturer"
+LABEL_KARPENTER_NETWORK = "karpenter.k8s.aws/instance-network-bandwidth"
+"""The instance's network bandwidth in Mbit/s, as Karpenter labels its AWS nodes."""
+LABEL_AKS_ACCELERATOR = "kubernetes.azure.com/accelerator"
+LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+LABEL_INSTANCE_TYPE_BETA = "beta.kubernetes.io/instance-type"
+LABEL_MIG_CONFIG = "nvidia.com/mig.config"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+MIG_PRODUCT_MARK = "-mig-"
+
+PRODUCT_LABELS = (LABEL_GFD_PRODUCT, LABEL_AMD_PRODUCT, LABEL_AMD_PRODUCT_BETA)
+"""Labels a device's own labeller writes, in the order they are read."""
+GPU_LABELS = (
+    LABEL_GPU_TYPE,
+    *PRODUCT_LABELS,
+    LABEL_GKE_ACCELERATOR,
+    LABEL_KARPENTER_GPU_NAME,
+    LABEL_AKS_ACCELERATOR,
+    LABEL_INSTANCE_TYPE,
+    LABEL_INSTANCE_TYPE_BETA,
+)
+"""Every label the GPU type is read from, in the order they are read (see the docstring)."""
+
+H200 = GpuTypeName("H200-SXM-141GB")
+H100 = GpuTypeName("H100-SXM-80GB")
+H100_NVL = GpuTypeName("H100-NVL-94GB")
+A100_80 = GpuTypeName("A100-SXM-80GB")
+A100_40 = GpuTypeName("A100-SXM-40GB")
+A100_PCIE_80 = GpuTypeName("A100-PCIe-80GB")
+L40S = GpuTypeName("L40S")
+L4 = GpuTypeName("L4")
+A10G = GpuTypeName("A10G")
+V100_16 = GpuTypeName("V100-SXM2-16GB")
+V100_32 = GpuTypeName("V100-SXM2-32GB")
+T4 = GpuTypeName("T4")
+MI300X = GpuTypeName("MI300X")
+
+
+@dataclass(frozen=True)
+class InstanceGpus:
+    """What an instance type (VM size, machine type) carries: its GPU type and count."""
+
+    gpu: GpuTypeName
+    count: int
+
+
+def _sizes(gpu: GpuTypeName, prefix: str, counts: Mapping[str, int]) -> dict[str, InstanceGpus]:
+    return {f"{prefix}{size}": InstanceGpus(gpu, count) for size, count in counts.items()}
+
+
+_ONE_GPU = dict.fromkeys(("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge"), 1)
+"""The sizes of the g4dn, g5, g6 and g6e families with one GPU [EC2]."""
+_AWS_G_SIZES = {
+    **_ONE_GPU,
+    "12xlarge": 4,
+    "24xlarge": 4,
+    "48xlarge": 8,
+}
+"""GPUs per size of the g5, g6 and g6e families [EC2]."""
+
+AWS_INSTANCE_TYPES: Mapping[str, InstanceGpus] = {
+    **_sizes(A100_40, "p4d.", {"24xlarge": 8}),
+    **_sizes(A100_80, "p4de.", {"24xlarge": 8}),
+    **_sizes(H100, "p5.", {"4xlarge": 1, "48xlarge": 8}),
+    **_sizes(H200, "p5e.", {"48xlarge": 8}),
+    **_sizes(H200, "p5en.", {"48xlarge": 8}),
+    **_sizes(V100_16, "p3.", {"2xlarge": 1, "8xlarge": 4, "16xlarge": 8}),
+    **_sizes(V100_32, "p3dn.", {"24xlarge": 8}),
+    **_sizes(T4, "g4dn.", {**_ONE_GPU, "12xlarge": 4, "metal": 8}),
+    **_sizes(A10G, "g5.", _AWS_G_SIZES),
+    **_sizes(L4, "g6.", _AWS_G_SIZES),
+    **_sizes(L40S, "g6e.", _AWS_G_SIZES),
+}
+"""[EC2] instance type -> GPUs."""
+
+AZURE_VM_SIZES: Mapping[str, InstanceGpus] = {
+    "Standard_ND96asr_v4": InstanceGpus(A100_40, 8),
+    "Standard_ND96amsr_A100_v4": InstanceGpus(A100_80, 8),
+    **_sizes(
+        A100_PCIE_80, "Standard_NC", {"24ads_A100_v4": 1, "48ads_A100_v4": 2, "96ads_A100_v4": 4}
+    ),
+    "Standard_ND96isr_H100_v5": InstanceGpus(H100, 8),
+    "Standard_ND96isr_H200_v5": InstanceGpus(H200, 8),
+    "Standard_NC40ads_H100_v5": InstanceGpus(H100_NVL, 1),
+    "Standard_NC80adis_H100_v5": InstanceGpus(H100_NVL, 2),
+    "Standard_ND96isr_MI300X_v5": InstanceGpus(MI300X, 8),
+    **_sizes(T4, "Standard_NC", {"4as_T4_v3": 1, "8as_T4_v3": 1, "16as_T4_v3": 1, "64as_T4_v3": 4}),
+    "Standard_ND40rs_v2": InstanceGpus(V100_32, 8),
+}
+"""[AZURE] VM size -> GPUs."""
+
+GCP_MACHINE_TYPES: Mapping[str, InstanceGpus] = {
+    **_sizes(
+        A100_40,
+        "a2-",
+        {"highgpu-1g": 1, "highgpu-2g": 2, "highgpu-4g": 4, "highgpu-8g": 8, "megagpu-16g": 16},
+    ),
+    **_sizes(A100_80, "a2-ultragpu-", {"1g": 1, "2g": 2, "4g": 4, "8g": 8}),
+    **_sizes(
+        H100,
+        "a3-",
+        {
+            "highgpu-1g": 1,
+            "highgpu-2g": 2,
+            "highgpu-4g": 4,
+            "highgpu-8g": 8,
+            "megagpu-8g": 8,
+            "edgegpu-8g": 8,
+        },
+    ),
+    **_sizes(H200, "a3-ultragpu-", {"8g": 8}),
+    **_sizes(
+        L4, "g2-standard-", {"4": 1, "8": 1, "12": 1, "16": 1, "32": 1, "24": 2, "48": 4, "96": 8}
+    ),
+}
+"""[GCE] machine type -> GPUs."""
+
+INSTANCE_TYPES: Mapping[str, InstanceGpus] = {
+    **AWS_INSTANCE_TYPES,
+    **AZURE_VM_SIZES,
+    **GCP_MACHINE_TYPES,
+}
+"""Every instance type the table knows (the three providers' names do not collide)."""
+
+GKE_ACCELERATORS: Mapping[str, GpuTypeName] = {
+    "nvidia-h200-141gb": H200,
+    "nvidia-h100-mega-80gb": H100,
+    "nvidia-h100-80gb": H100,
+    "nvidia-a100-80gb": A100_80,
+    "nvidia-tesla-a100": A100_40,
+    "nvidia-l4": L4,
+    "nvidia-l4-vws": L4,
+    "nvidia-tesla-t4": T4,
+    "nvidia-tesla-t4-vws": T4,
+    "nvidia-tesla-v100": V100_16,
+}
+"""[GCE] ``cloud.google.com/gke-accelerator`` -> type (B200, GB200, P100, P4 and RTX PRO 6000
+are not in the catalog)."""
+
+KARPENTER_GPU_NAMES: Mapping[str, tuple[GpuTypeName, ...]] = {
+    "h200": (H200,),
+    "h100": (H100,),
+    "a100": (A100_40, A100_80),
+    "a10g": (A10G,),
+    "l4": (L4,),
+    "l40s": (L40S,),
+    "t4": (T4,),
+    "v100": (V100_16, V100_32),
+}
+"""[EC2] ``karpenter.k8s.aws/instance-gpu-name`` -> the types it may be; where more than one,
+``instance-gpu-memory`` picks the one whose memory is nearest (p4d's a100 reports 40960 MiB,
+p4de's 81920)."""
+
+AKS_VENDOR_ONLY = frozenset({"nvidia", "amd"})
+"""Values of ``kubernetes.azure.com/accelerator``: the vendor, never the model."""
+
+_MEMORY_GIB = {gpu.name: gpu.memory_gib for gpu in CATALOG}
+
+
+@dataclass(frozen=True)
+class Identified:
+    """What a node's labels say about its GPUs.
+
+    ``spelling`` is the type as the deciding label gives it (a catalog name, or a product
+    label ``catalog.lookup`` resolves); ``None`` when no label decides, and then ``read`` lists
+    the GPU labels the node has (``key=value``), ``custom`` the first one a node's own figures
+    may name a type after (Elastra's or a device labeller's), and ``hint`` what would help.
+    """
+
+    spelling: str | None
+    source: str = ""
+    count: int | None = None
+    """GPUs the instance type (or Karpenter's ``instance-gpu-count``) says the node has."""
+    count_source: str = ""
+    network_gbps: float | None = None
+    """The node's network bandwidth as its labels give it (Karpenter's, in Gbit/s)."""
+    read: tuple[str, ...] = ()
+    custom: str | None = None
+    hint: str = ""
+
+
+def identify(labels: Mapping[str, str]) -> Identified:
+    """The GPU type and count a node's labels give, in the order the module docstring lists."""
+    count, count_source = _count_hint(labels)
+    network = _network_hint(labels)
+    found = _decide(labels)
+    if found is not None:
+        spelling, source = found
+        return Identified(spelling, source, count, count_source, network)
+    read = tuple(f"{key}={labels[key]!r}" for key in GPU_LABELS if key in labels)
+    custom = next((labels[k] for k in (LABEL_GPU_TYPE, *PRODUCT_LABELS) if k in labels), None)
+    return Identified(
+        None, count=count, count_source=count_source, read=read, custom=custom, hint=_hint(labels)
+    )
+
+
+def _decide(labels: Mapping[str, str]) -> tuple[str, str] | None:
+    """(spelling, the label(s) read) of the first source that names a type, or None."""
+    own = labels.get(LABEL_GPU_TYPE)
+    if own is not None:
+        return own, LABEL_GPU_TYPE  # the admin's word: never looked past, even when unknown
+    for key in PRODUCT_LABELS:
+        value = labels.get(key)
+        if value is not None and lookup(value) is not None:
+            return value, key
+    accelerator = GKE_ACCELERATORS.get(labels.get(LABEL_GKE_ACCELERATOR, ""))
+    if accelerator is not None:
+        return accelerator, LABEL_GKE_ACCELERATOR
+    karpenter = _karpenter_type(labels)
+    if karpenter is not None:
+        return karpenter
+    instance, key = _instance(labels)
+    if instance is None:
+        return None
+    if labels.get(LABEL_AKS_ACCELERATOR) in AKS_VENDOR_ONLY:
+        return instance.gpu, f"{LABEL_AKS_ACCELERATOR} + {key}"
+    return instance.gpu, key
+
+
+def _karpenter_type(labels: Mapping[str, str]) -> tuple[str, str] | None:
+    candidates = KARPENTER_GPU_NAMES.get(labels.get(LABEL_KARPENTER_GPU_NAME, "").lower())
+    if not candidates:
+        return None
+    if len(candidates) == 1:
+        return candidates[0], LABEL_KARPENTER_GPU_NAME
+    memory_mib = _number(labels.get(LABEL_KARPENTER_GPU_MEMORY))
+    if memory_mib is None:
+        return None
+    gib = memory_mib / 1024
+    nearest = min(candidates, key=lambda name: abs(_MEMORY_GIB[name] - gib))
+    return nearest, f"{LABEL_KARPENTER_GPU_NAME} + {LABEL_KARPENTER_GPU_MEMORY}"
+
+
+def _instance(labels: Mapping[str, str]) -> tuple[InstanceGpus | None, str]:
+    for key in (LABEL_INSTANCE_TYPE, LABEL_INSTANCE_TYPE_BETA):
+        if key in labels:
+            return INSTANCE_TYPES.get(labels[key]), key
+    return None, LABEL_INSTANCE_TYPE
+
+
+def _count_hint(labels: Mapping[str, str]) -> tuple[int | None, str]:
+    instance, key = _instance(labels)
+    if instance is not None:
+        return instance.count, f"{key}={labels[key]}"
+    count = _number(labels.get(LABEL_KARPENTER_GPU_COUNT))
+    if count is not None and count == int(count):
+        return int(count), f"{LABEL_KARPENTER_GPU_COUNT}={labels[LABEL_KARPENTER_GPU_COUNT]}"
+    return None, ""
+
+
+def _network_hint(labels: Mapping[str, str]) -> float | None:
+    mbps = _number(labels.get(LABEL_KARPENTER_NETWORK))
+    return mbps / 1000 if mbps else None
+
+
+def _hint(labels: Mapping[str, str]) -> str:
+    """What would tell the type where the labels do not."""
+    name = labels.get(LABEL_KARPENTER_GPU_NAME, "").lower()
+    if len(KARPENTER_GPU_NAMES.get(name, ())) > 1:
+        return f"{LABEL_KARPENTER_GPU_MEMORY} is missing or not a number; it tells {name}s apart"
+    return ""
+
+
+def _number(raw: str | None) -> float | None:
+    try:
+        return float(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def mig_partitions(labels: Mapping[str, str], allocatable: Mapping[str, object]) -> str:
+    """What shows the node's GPUs are MIG-partitioned ("" when they are whole GPUs).
+
+    [GFD] single strategy: the product label ends in ``-MIG-<profile>``; mixed strategy: the
+    node advertises ``nvidia.com/mig-<profile>`` resources.
+    """
+    product = labels.get(LABEL_GFD_PRODUCT, "")
+    if MIG_PRODUCT_MARK in product.lower():
+        return f"{LABEL_GFD_PRODUCT}={product}"
+    mig = sorted(
+        k
+        for k, v in allocatable.items()
+        if k.startswith(MIG_RESOURCE_PREFIX) and str(v).strip() not in {"", "0"}
+    )
+    return f"allocatable {', '.join(mig)}" if mig else ""
