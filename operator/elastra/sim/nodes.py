@@ -77,6 +77,13 @@ class NodePool:
                     return tuple(chosen)
         return None
 
+    def room(self, gpu_type: str, pod_gpus: int) -> int:
+        """How many pods of ``pod_gpus`` the free GPUs of ``gpu_type`` hold now."""
+        levels = self._buckets.get(gpu_type, [])
+        return sum(
+            len(levels[level]) * (level // pod_gpus) for level in range(pod_gpus, len(levels))
+        )
+
     def take(self, node: int, gpus: int) -> None:
         """Mark ``gpus`` GPUs of ``node`` used."""
         self._move(node, self.free[node] - gpus)

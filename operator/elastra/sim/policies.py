@@ -7,7 +7,8 @@
   each type (a row of Gavel's throughput matrix; Narayanan et al., OSDI'20). No time slicing.
 - ``elastic``: elastic on the requested type only, data parallel. Jobs start on what is free
   between ``minGpus`` and ``maxGpus``, grow when GPUs free up, are shrunk (never below their
-  minimum) to admit queued jobs, and continue on the survivors after a failure.
+  minimum, by the operator's sharing rule, ``elastra.elastic.share``: never for a job of lower
+  priority) to admit queued jobs, and continue on the survivors after a failure.
 - ``elastra``: the operator's policy: elastic as above, on any GPU type (the one where the
   planner predicts the most throughput for the GPUs free now), training with the planner's
   chosen parallel layout (tensor, pipeline, data parallel, sharding, recomputation).
@@ -18,7 +19,9 @@ The elastic policies do not re-implement the resize rules: every change of a job
 applied. Growth carries a ``GrowthEstimate`` (planner speed-up, remaining time, restart cost),
 so "is the restart worth it" and the cooldown are the operator's own; shrinking goes through
 its ``SCALED_DOWN`` path (which pods retire is its choice), failures through its re-forming
-path (below ``minReplicas`` the job waits, keeping its checkpoint).
+path (below ``minReplicas`` the job waits, keeping its checkpoint). Nor the sharing rule:
+which running jobs shrink, and by how much, to admit a queued job is the operator's
+``elastra.elastic.share.gifts``, fed GPU counts and the trace's ``priority`` column.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from elastra.elastic.resize import GrowthEstimate, Reason, ResizeInput, ResizePolicy, decide
+from elastra.elastic.share import Claim, Scope, gifts
 from elastra.elastic.workers import PodName, WorkerState, WorkerView
 from elastra.sim.engine import JobState, Pod, Policy, Simulation
 from elastra.sim.nodes import Placement
@@ -287,40 +291,65 @@ class ElasticPolicy:
             sim.wake(decision.recheck_after.total_seconds())
 
     def _reclaim(self, sim: Simulation, job: JobState) -> bool:
-        """Shrink running jobs (longest remaining first, never below their minimum) so that
-        ``job`` gets its minimum; True when it now fits. Nothing shrinks if it would not."""
+        """Shrink running jobs so that ``job`` gets its minimum, by the operator's sharing
+        rule (``elastra.elastic.share``, in GPUs): only jobs of no higher priority give, the
+        lowest priority first, then the largest surplus, never below their minimum. True when
+        it now fits; nothing shrinks if it would not."""
         for gpu_type in self._types(sim, job):
             sizes = self._sizes(sim, job, gpu_type)
             if not sizes:
                 continue
             grain = self._granularity(sim, job, gpu_type)
             need = sizes[0]
-            donors = sorted(
-                (
-                    d
-                    for d in sim.running.values()
-                    if d.gpu_type == gpu_type and d.gpus > self._sizes(sim, d, gpu_type)[0]
-                ),
-                key=lambda d: (-d.remaining_s(sim.now), d.index),
-            )
-            freed: dict[int, int] = {}
-            shrinks: list[tuple[JobState, int]] = []
-            for donor in donors:
-                lower = [s for s in self._sizes(sim, donor, gpu_type) if s < donor.gpus]
-                target = lower[-1]
-                keep = sorted(donor.pods, key=lambda p: p.slot)
-                kept, gpus = 0, 0
-                while kept < len(keep) and gpus + keep[kept].gpus <= target:
-                    gpus += keep[kept].gpus
-                    kept += 1
-                for pod in keep[kept:]:
-                    freed[pod.node] = freed.get(pod.node, 0) + pod.gpus
-                shrinks.append((donor, kept))
-                if sim.nodes.place(gpu_type, grain, need // grain, extra=freed) is not None:
-                    for victim, pods in shrinks:
-                        self._shrink(sim, victim, pods)
-                    return True
+            shrinks, freed = self._donations(sim, job, gpu_type, need=need, grain=grain)
+            if shrinks and sim.nodes.place(gpu_type, grain, need // grain, extra=freed):
+                for victim, pods in shrinks:
+                    self._shrink(sim, victim, pods)
+                return True
         return False
+
+    def _donations(
+        self, sim: Simulation, job: JobState, gpu_type: str, *, need: int, grain: int
+    ) -> tuple[list[tuple[JobState, int]], dict[int, int]]:
+        """What ``share.gifts`` has the jobs running on ``gpu_type`` give ``job`` (starved,
+        lacking ``need`` GPUs, of which the free ones cover what fits in ``grain`` pods):
+        each donor's pods to keep, and the GPUs freed per node."""
+        donors = {d.name: d for d in sim.running.values() if d.gpu_type == gpu_type}
+        claims = [
+            Claim(
+                key=d.name,
+                minimum=(self._sizes(sim, d, gpu_type) or [d.gpus])[0],
+                held=d.gpus,
+                starved=False,
+                gpu_types=frozenset({gpu_type}),
+                priority=d.spec.priority,
+            )
+            for d in donors.values()
+        ]
+        starved = Claim(
+            key=job.name,
+            minimum=need,
+            held=0,
+            starved=True,
+            gpu_types=frozenset({gpu_type}),
+            priority=job.spec.priority,
+        )
+        free = sim.nodes.room(gpu_type, grain) * grain
+        given = gifts([starved, *claims], free=free, scope=Scope.CLUSTER, compatible=_same)
+        shrinks: list[tuple[JobState, int]] = []
+        freed: dict[int, int] = {}
+        for name, gpus in sorted(given.items()):
+            donor = donors[name]
+            target = max(s for s in self._sizes(sim, donor, gpu_type) if s <= donor.gpus - gpus)
+            keep = sorted(donor.pods, key=lambda p: p.slot)
+            kept, held = 0, 0
+            while kept < len(keep) and held + keep[kept].gpus <= target:
+                held += keep[kept].gpus
+                kept += 1
+            for pod in keep[kept:]:
+                freed[pod.node] = freed.get(pod.node, 0) + pod.gpus
+            shrinks.append((donor, kept))
+        return shrinks, freed
 
     def _shrink(self, sim: Simulation, job: JobState, pods: int) -> None:
         gpu_type = job.gpu_type
@@ -376,6 +405,11 @@ class ElasticPolicy:
             WorkerView(_name(job, p.slot), p.slot, WorkerState.READY, T0, gpu_type=job.gpu_type)
             for p in pods
         )
+
+
+def _same(pattern: str, gpu_type: str) -> bool:
+    """Simulated jobs name catalog types exactly."""
+    return pattern == gpu_type
 
 
 def _in_order(job: JobState, pods: Sequence[Pod], world: Sequence[PodName]) -> list[Pod]:

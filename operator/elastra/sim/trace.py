@@ -1,12 +1,15 @@
 """The trace contract: a CSV of jobs, read whole and checked before anything is simulated.
 
 Columns (header required, order free, unknown columns rejected so typos do not pass):
-``name,submitTime,gpus,gpuType,durationSeconds`` and optionally ``minGpus,maxGpus,model``.
+``name,submitTime,gpus,gpuType,durationSeconds`` and optionally
+``minGpus,maxGpus,model,priority``.
 ``submitTime`` is seconds from the trace start; ``durationSeconds`` is how long the job ran on
 ``gpus`` GPUs of ``gpuType`` (a catalog name, a GPU Feature Discovery label, or a marketing
 name such as ``H100``, see ``resolve_type``). ``minGpus``/``maxGpus`` bound an elastic job
 (``minGpus <= gpus <= maxGpus``; defaults below); ``model`` names a profile in
-``elastra.sim.models`` (default by size).
+``elastra.sim.models`` (default by size); ``priority`` is the value of the job's PriorityClass
+(a whole number, default 0), which decides who gives GPUs to whom when the elastic policies
+share (``elastra.elastic.share``).
 
 Every problem is a ``UserError`` naming the file, the line and the field, raised before a
 single job is returned: nothing is simulated from half-read input.
@@ -26,7 +29,7 @@ from elastra.planner.catalog import CATALOG, GpuType, lookup, matches
 from elastra.sim.models import BY_NAME, default_model, profile
 
 REQUIRED = ("name", "submitTime", "gpus", "gpuType", "durationSeconds")
-OPTIONAL = ("minGpus", "maxGpus", "model")
+OPTIONAL = ("minGpus", "maxGpus", "model", "priority")
 COLUMNS = REQUIRED + OPTIONAL
 
 
@@ -43,6 +46,8 @@ class TraceJob:
     max_gpus: int
     model: str
     line: int = 0
+    priority: int = 0
+    """Its PriorityClass value: a starved job takes GPUs only from jobs of no higher one."""
 
 
 def default_bounds(gpus: int) -> tuple[int, int]:
@@ -154,6 +159,9 @@ def _row(row: Sequence[str], index: dict[str, int], *, source: str, line: int) -
     model = cell("model").lower() or default_model(gpus)
     if profile(model) is None:
         raise fail("model", f"unknown model {model!r} (one of {', '.join(BY_NAME)})")
+    priority = cell("priority") or "0"
+    if not priority.lstrip("-").isdigit():
+        raise fail("priority", f"{priority!r} is not a whole number (a PriorityClass value)")
     return TraceJob(
         name=name,
         submit_s=submit,
@@ -164,6 +172,7 @@ def _row(row: Sequence[str], index: dict[str, int], *, source: str, line: int) -
         max_gpus=max_gpus,
         model=model,
         line=line,
+        priority=int(priority),
     )
 
 
@@ -192,6 +201,7 @@ def format_trace(jobs: Iterable[TraceJob]) -> str:
                 job.min_gpus,
                 job.max_gpus,
                 job.model,
+                job.priority,
             ]
         )
     return out.getvalue()

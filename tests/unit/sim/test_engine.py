@@ -89,3 +89,23 @@ def test_every_policy_finishes_every_job_without_overcommitting(
         assert sim.allocated == 0, name
         assert 0 < result.gpu_utilization <= 1, name
         assert result.p50_jct_s <= result.p99_jct_s
+
+
+def test_running_jobs_shrink_only_for_a_job_of_no_lower_priority(
+    tiny: Cluster, speed: SpeedModel
+) -> None:
+    """The elastic policies share by the operator's rule (``elastra.elastic.share``): a job
+    holding every H100 gives some to a queued job of higher or equal priority, never lower."""
+    waited = {}
+    for a, b in [(0, 100), (5, 5), (100, 0)]:
+        text = (
+            f"{HEADER},priority\na,0,16,H100,7200,8,16,gpt-350m,{a}\n"
+            f"b,10,8,H100,600,4,8,gpt-350m,{b}\n"
+        )
+        jobs = parse_trace(text, source="t.csv")
+        for result in run_policies(tiny, jobs, ["elastic", "elastra"], speed=speed):
+            waited[(result.policy, a, b)] = result.jcts[1]
+    for policy in ("elastic", "elastra"):
+        assert waited[(policy, 0, 100)] < 1200, "the low one shrank at once"
+        assert waited[(policy, 5, 5)] < 1200, "equal priorities share"
+        assert waited[(policy, 100, 0)] > 7000, "the high one kept its GPUs until it ended"

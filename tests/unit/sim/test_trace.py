@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,10 +24,11 @@ def test_minimal_trace_gets_defaults_and_catalog_names() -> None:
 
 
 def test_optional_columns_in_any_order() -> None:
-    text = "model,maxGpus,name,gpus,minGpus,gpuType,durationSeconds,submitTime\n"
-    text += "gpt-1.3b,16,x,8,2,A100-SXM-80GB,100,0\n"
+    text = "model,maxGpus,priority,name,gpus,minGpus,gpuType,durationSeconds,submitTime\n"
+    text += "gpt-1.3b,16,-5,x,8,2,A100-SXM-80GB,100,0\n"
     (job,) = parse_trace(text, source="t.csv")
     assert (job.gpus, job.min_gpus, job.max_gpus, job.model) == (8, 2, 16, "gpt-1.3b")
+    assert job.priority == -5
 
 
 @pytest.mark.parametrize(
@@ -42,6 +44,7 @@ def test_optional_columns_in_any_order() -> None:
         (f"{HEADER},minGpus\nx,0,2,T4,5,4\n", "t.csv:2: minGpus: 4 is above gpus=2"),
         (f"{HEADER},model\nx,0,2,T4,5,gpt-9t\n", "t.csv:2: model: unknown model 'gpt-9t'"),
         (f"{HEADER}\nx,0,2,T4\n", "t.csv:2: 4 fields, the header has 5"),
+        (f"{HEADER},priority\nx,0,2,T4,5,high\n", "t.csv:2: priority: 'high' is not a whole"),
         ("", "t.csv:1: empty trace"),
         (f"{HEADER}\n", "t.csv:2: no jobs after the header"),
     ],
@@ -56,11 +59,13 @@ def test_format_round_trips(tmp_path: Path) -> None:
     jobs = generate(
         PHILLY, jobs=50, types=[("T4", 8), ("H100-SXM-80GB", 16)], load=0.5, rng=random.Random(3)
     )
+    jobs = tuple(replace(j, priority=i % 3 - 1) for i, j in enumerate(jobs))
     path = tmp_path / "trace.csv"
     path.write_text(format_trace(jobs))
     again = load_trace(path)
-    assert [(j.name, j.gpus, j.gpu_type, j.min_gpus, j.max_gpus, j.model) for j in again] == [
-        (j.name, j.gpus, j.gpu_type, j.min_gpus, j.max_gpus, j.model) for j in jobs
+    fields = ("name", "gpus", "gpu_type", "min_gpus", "max_gpus", "model", "priority")
+    assert [[getattr(j, f) for f in fields] for j in again] == [
+        [getattr(j, f) for f in fields] for j in jobs
     ]
     assert all(abs(a.submit_s - b.submit_s) < 1e-3 for a, b in zip(again, jobs, strict=True))
 
