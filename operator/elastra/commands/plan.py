@@ -1,9 +1,13 @@
 """``elastra plan JOB.yaml --cluster NODES.yaml``: rank plans for a job without a cluster.
 
 NODES.yaml is what ``kubectl get nodes -o yaml`` prints (a NodeList or List; a multi-document
-file of Nodes also works); ``--pods`` optionally subtracts what running pods hold. Exit
-status: 0 a plan fits, 3 none fits (the reason is printed), 2 bad input (one line naming the
-file, field or node). ``--output json`` prints the contract in ``elastra.planner.plan``.
+file of Nodes also works); ``--pods`` optionally subtracts what running pods hold. Only nodes
+the job's worker pods could be scheduled on are planned with, judged on the pod spec the
+operator would create: the template's tolerations, node selector and required node affinity,
+the GPU toleration, and the operator's own tolerations, given here as ``--toleration`` as to
+``elastra run``; the others are listed with the reason. Exit status: 0 a plan fits, 3 none
+fits (the reason is printed), 2 bad input (one line naming the file, field or node).
+``--output json`` prints the contract in ``elastra.planner.plan``.
 """
 
 from __future__ import annotations
@@ -16,8 +20,12 @@ from typing import Any
 import yaml
 
 from elastra.api import load_trainingjob
+from elastra.commands.run import parse_toleration
+from elastra.controller.manifests import worker_constraints
+from elastra.controller.settings import OperatorSettings
 from elastra.errors import UserError
 from elastra.planner import Inventory, Plan, PlanResult, parse_inventory, plan_job, result_to_dict
+from elastra.planner.eligibility import eligible
 from elastra.planner.fromspec import check_gpu_types, requirements_from_spec
 from elastra.planner.search import NO_MODEL
 
@@ -42,6 +50,14 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--pods", metavar="PODS.yaml", help="running Pods whose GPU/CPU requests are not free"
     )
+    parser.add_argument(
+        "--toleration",
+        action="append",
+        default=[],
+        metavar="KEY[=VALUE][:EFFECT]",
+        help="a toleration the operator adds to every worker pod (elastra run --toleration; "
+        "the chart's workerTolerations), repeatable",
+    )
     parser.add_argument("--top", type=int, default=3, metavar="K", help="plans to rank (3)")
     parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
     parser.set_defaults(handler=run)
@@ -52,8 +68,14 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UserError("--top: must be >= 1")
     job = load_trainingjob(args.job)
-    inventory = parse_inventory(
-        _documents(args.cluster), _documents(args.pods) if args.pods else ()
+    settings = OperatorSettings(tolerations=tuple(parse_toleration(t) for t in args.toleration))
+    try:
+        constraints = worker_constraints(job, settings)
+    except UserError as err:
+        raise UserError(f"{args.job}: {err}") from None
+    inventory = eligible(
+        parse_inventory(_documents(args.cluster), _documents(args.pods) if args.pods else ()),
+        constraints,
     )
     try:
         check_gpu_types(job.spec.worker.gpu_types, inventory.types())

@@ -1,25 +1,34 @@
-"""What a job's pass may plan with: the capacity every other pod leaves on the cluster's nodes.
+"""What a job's pass may plan with: the capacity every other pod leaves on the nodes its
+worker pods may use.
 
 Every job's pass asks this of the same listing, so when ``nodes`` and ``pods`` are tuples
 (immutable: the snapshot's listings) the parsed nodes and the usage of the listed pods are
 computed once per listing (``memo.LastOf``) and each pass only subtracts its own job's share:
 on a cluster of a thousand nodes and thousands of pods, parsing them per pass was most of the
 operator's CPU. That cache is why this lives apart from ``planning``, which is pure.
+
+A pass that names its job's pod constraints (``manifests.worker_constraints``) gets only the
+nodes those pods may use (``planner.eligibility``): the scheduler's placement filters are
+judged once per node listing and set of constraints, the nodes' room once per listing and
+constraints, so jobs that share constraints (most do) share the work, and a pass again only
+adjusts the nodes its own pods and the reservations touch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from elastra.controller.manifests import ANNOTATION_NODE, LABEL_JOB
-from elastra.controller.memo import LastOf, LastOfAll, PerObject
+from elastra.controller.memo import LastOf, LastOfAll, PerKeyOf, PerObject
 from elastra.errors import UserError
 from elastra.planner import Inventory, parse_inventory
-from elastra.planner.inventory import ExcludedNode, NodeCapacity, NodeName, pod_usage
+from elastra.planner.eligibility import fitted, refused
+from elastra.planner.inventory import ExcludedNode, NodeCapacity, NodeName
+from elastra.planner.resources import NOTHING, Resources, held_by, total
+from elastra.planner.scheduling import PodConstraints
 
 JsonDict = Mapping[str, Any]
 
@@ -30,8 +39,10 @@ def cluster_inventory(
     *,
     own_job: str | None = None,
     extra: Sequence[JsonDict] = (),
+    pod: PodConstraints | None = None,
 ) -> Inventory:
-    """Capacity left by every pod except ``own_job``'s, counting pods not yet bound.
+    """Capacity left by every pod except ``own_job``'s, counting pods not yet bound, on the
+    nodes a pod with constraints ``pod`` may use (every Ready node when ``None``).
 
     Elastra's gated pods are not bound yet but will be: they count against the node named in
     their ``elastra.dev/node`` annotation, so two jobs never plan onto the same free GPUs.
@@ -45,72 +56,92 @@ def cluster_inventory(
     base = _NODES.get(nodes, _parse_nodes)
     usage = _USAGE.get(pods, _usage_by_job)
     left = _LEFT.get((base, usage), lambda: _Left.of(base, usage))
+    view = left
+    if pod is not None:
+        view = _VIEWS.get((left,), pod, lambda: _Left.eligible(left, pod, _refusals(base, pod)))
     changes = _changes(usage, own_job=own_job, extra=extra)
     if not changes:
-        return left.inventory
-    adjusted = list(left.inventory.nodes)
-    for name, (gpus, cpu) in changes.items():
-        at = left.index.get(name)
+        return view.inventory
+    adjusted = list(view.inventory.nodes)
+    for name, change in changes.items():
+        at = view.index.get(name)
         if at is not None:
-            adjusted[at] = _less(
-                base.nodes[at], usage.gpus.get(name, 0) + gpus, usage.cpu.get(name, 0) + cpu
-            )
-    return Inventory(nodes=tuple(adjusted), excluded=base.excluded)
+            node = base.nodes[left.index[name]].holding(usage.per_node.get(name, NOTHING) + change)
+            adjusted[at] = node if pod is None else fitted(pod, node)
+    return dataclasses.replace(view.inventory, nodes=tuple(adjusted))
 
 
 @dataclass(frozen=True)
 class _Left:
-    """The capacity every listed pod leaves, and where each node is in it."""
+    """Capacity on the nodes of one view (all, or one job's), and where each node is in it."""
 
     inventory: Inventory
     index: Mapping[str, int]
 
     @classmethod
     def of(cls, base: Inventory, usage: _Usage) -> _Left:
-        nodes = tuple(
-            _less(n, usage.gpus.get(n.name, 0), usage.cpu.get(n.name, 0)) for n in base.nodes
-        )
+        """What every listed pod leaves of every parsed node."""
+        nodes = tuple(_holding(n, usage.per_node.get(n.name)) for n in base.nodes)
         return cls(
-            inventory=Inventory(nodes=nodes, excluded=base.excluded),
+            inventory=dataclasses.replace(base, nodes=nodes),
             index={n.name: i for i, n in enumerate(base.nodes)},
         )
 
+    @classmethod
+    def eligible(cls, left: _Left, pod: PodConstraints, refusals: Sequence[str]) -> _Left:
+        """``left`` on the nodes ``pod`` may use (``refusals`` per node, in order), fitted."""
+        nodes: list[NodeCapacity] = []
+        excluded = list(left.inventory.excluded)
+        for node, reason in zip(left.inventory.nodes, refusals, strict=True):
+            if reason:
+                excluded.append(ExcludedNode(node.name, reason))
+            else:
+                nodes.append(fitted(pod, node))
+        return cls(
+            inventory=dataclasses.replace(
+                left.inventory,
+                nodes=tuple(nodes),
+                excluded=tuple(sorted(excluded, key=lambda n: n.name)),
+            ),
+            index={n.name: i for i, n in enumerate(nodes)},
+        )
 
-def _less(node: NodeCapacity, gpus: int, cpu: int) -> NodeCapacity:
-    """``node`` with ``gpus`` GPUs and ``cpu`` millicores taken."""
-    if not gpus and not cpu:
-        return node
-    return dataclasses.replace(
-        node,
-        free_gpus=max(0, node.free_gpus - gpus),
-        free_cpu_millis=max(0, node.free_cpu_millis - cpu),
+
+def _refusals(base: Inventory, pod: PodConstraints) -> tuple[str, ...]:
+    """Why the scheduler's placement filters refuse each parsed node (in order; "" where
+    they pass): judged once per node listing and placement, whatever the requests."""
+    placement = pod.placement()
+    return _REFUSALS.get(
+        (base,), placement, lambda: tuple(refused(placement, n) for n in base.nodes)
     )
+
+
+def _holding(node: NodeCapacity, used: Resources | None) -> NodeCapacity:
+    return node.holding(used) if used else node
 
 
 def _changes(
     usage: _Usage, *, own_job: str | None, extra: Sequence[JsonDict]
-) -> dict[str, tuple[int, int]]:
-    """GPUs and CPU per node to add to the listed pods' usage: ``own_job``'s pods given back
+) -> dict[str, Resources]:
+    """What to add per node to the listed pods' usage: ``own_job``'s pods given back
     (negative), ``extra`` (reservations of other jobs) taken."""
-    changes: dict[str, tuple[int, int]] = {}
+    changes: dict[str, Resources] = {}
     own = usage.by_job.get(own_job, {}) if own_job else {}
-    for node, (gpus, cpu) in own.items():
-        changes[node] = (-gpus, -cpu)
-    for pod, (node, gpus, cpu) in zip(extra, _EXTRA_USAGE.map(extra), strict=True):
+    for node, held in own.items():
+        changes[node] = NOTHING - held
+    for pod, (node, held) in zip(extra, _EXTRA_USAGE.map(extra), strict=True):
         if not node or (own_job and _labels(pod).get(LABEL_JOB) == own_job):
             continue
-        before = changes.get(node, (0, 0))
-        changes[node] = (before[0] + gpus, before[1] + cpu)
+        changes[node] = changes.get(node, NOTHING) + held
     return changes
 
 
 @dataclass(frozen=True)
 class _Usage:
-    """GPUs and CPU millicores the listed pods hold per node, in all and per Elastra job."""
+    """What the listed pods hold per node (``pods`` included), in all and per Elastra job."""
 
-    gpus: Mapping[str, int]
-    cpu: Mapping[str, int]
-    by_job: Mapping[str, Mapping[str, tuple[int, int]]]
+    per_node: Mapping[str, Resources]
+    by_job: Mapping[str, Mapping[str, Resources]]
 
 
 def _parse_nodes(nodes: Sequence[JsonDict]) -> Inventory:
@@ -123,30 +154,32 @@ def _parse_nodes(nodes: Sequence[JsonDict]) -> Inventory:
 
 
 def _usage_by_job(pods: Sequence[JsonDict]) -> _Usage:
-    gpus: Counter[str] = Counter()
-    cpu: Counter[str] = Counter()
-    by_job: dict[str, dict[str, tuple[int, int]]] = {}
-    for node, pod_gpus, pod_cpu, job in _POD_USAGE.map(pods):
+    per_node: dict[str, list[Resources]] = {}
+    by_job: dict[str, dict[str, list[Resources]]] = {}
+    for node, held, job in _POD_USAGE.map(pods):
         if not node:
             continue
-        gpus[node] += pod_gpus
-        cpu[node] += pod_cpu
+        per_node.setdefault(node, []).append(held)
         if job:
-            held = by_job.setdefault(job, {})
-            before = held.get(node, (0, 0))
-            held[node] = (before[0] + pod_gpus, before[1] + pod_cpu)
-    return _Usage(gpus=gpus, cpu=cpu, by_job=by_job)
+            by_job.setdefault(job, {}).setdefault(node, []).append(held)
+    return _Usage(
+        per_node={node: total(parts) for node, parts in per_node.items()},
+        by_job={
+            job: {node: total(parts) for node, parts in nodes.items()}
+            for job, nodes in by_job.items()
+        },
+    )
 
 
-def _usage_of(pod: JsonDict) -> tuple[str, int, int]:
-    """A pod's (node, GPUs, CPU), with a gated pod counted on its planned node."""
+def _usage_of(pod: JsonDict) -> tuple[str, Resources]:
+    """A pod's node and what it holds there, with a gated pod counted on its planned node."""
     try:
-        return pod_usage(_as_bound(pod))
+        return held_by(_as_bound(pod))
     except UserError:
-        return "", 0, 0  # a pod with an unreadable quantity: the scheduler rejects it too
+        return "", NOTHING  # a pod with an unreadable quantity: the scheduler rejects it too
 
 
-def _held_by(pod: JsonDict) -> tuple[str, int, int, str]:
+def _held_by(pod: JsonDict) -> tuple[str, Resources, str]:
     """``_usage_of`` and the Elastra job that may plan with it again ("" for none).
 
     A job's own pods are capacity it may plan with again, except pods being deleted: they
@@ -159,11 +192,15 @@ def _held_by(pod: JsonDict) -> tuple[str, int, int, str]:
 
 _NODES: LastOf[Sequence[JsonDict], Inventory] = LastOf()
 _USAGE: LastOf[Sequence[JsonDict], _Usage] = LastOf()
-_POD_USAGE: PerObject[JsonDict, tuple[str, int, int, str]] = PerObject(_held_by)
+_POD_USAGE: PerObject[JsonDict, tuple[str, Resources, str]] = PerObject(_held_by)
 """A new listing mostly holds the pods of the last one: each pod is read once, not per pass."""
-_EXTRA_USAGE: PerObject[JsonDict, tuple[str, int, int]] = PerObject(_usage_of)
+_EXTRA_USAGE: PerObject[JsonDict, tuple[str, Resources]] = PerObject(_usage_of)
 """The same for the reservations, which every pass reads and which change slowly."""
 _LEFT: LastOfAll[_Left] = LastOfAll()
+_REFUSALS: PerKeyOf[PodConstraints, tuple[str, ...]] = PerKeyOf()
+"""Per node listing, the placement filters' verdicts per set of constraints."""
+_VIEWS: PerKeyOf[PodConstraints, _Left] = PerKeyOf()
+"""Per capacity left (a node or pod listing), each set of constraints' view of it."""
 
 
 def _inventory_node_by_node(nodes: Sequence[JsonDict]) -> Inventory:

@@ -79,3 +79,34 @@ class PerObject(Generic[K, V]):
             found.append(entry[1])
         self._known = known
         return found
+
+
+class PerKeyOf(Generic[K, V]):
+    """Values per hashable key, derived from the objects of last time (held, as above).
+
+    For what each job derives from the same shared value with its own key (the nodes its pod
+    constraints allow, from the capacity every pass shares): computed once per key while the
+    shared objects stay the very ones of last time, all dropped when they change. At most
+    ``limit`` keys are kept, the oldest dropped first.
+    """
+
+    def __init__(self, limit: int = 64) -> None:
+        self._owners: tuple[object, ...] = ()
+        self._values: dict[K, V] = {}
+        self._limit = limit
+
+    def get(self, owners: tuple[object, ...], key: K, compute: Callable[[], V]) -> V:
+        """``compute()``, reused while ``owners`` are the objects of last time and ``key`` is
+        one asked before."""
+        same = len(owners) == len(self._owners) and all(
+            a is b for a, b in zip(owners, self._owners, strict=True)
+        )
+        if not same:
+            self._values = {}
+            self._owners = owners
+        if key in self._values:
+            return self._values[key]
+        if len(self._values) >= self._limit:
+            del self._values[next(iter(self._values))]
+        value = self._values[key] = compute()
+        return value

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from elastra.controller.capacity import cluster_inventory
+from elastra.planner.scheduling import PodConstraints
 from tests.unit.controller.fakecluster import node
 
 
@@ -103,3 +104,44 @@ def test_each_pass_adjusts_only_its_own_nodes_of_the_capacity_shared_by_all(
                  if n.free_gpus == before.free_gpus]  # fmt: skip
     assert all(any(n is e for e in everyone.nodes) for n in untouched), "shared, not copied"
     assert cluster_inventory(nodes, pods).nodes[2] is everyone.nodes[2], "shared, not rebuilt"
+
+
+def constraints(*, gpus: int, memory: str = "1Gi", **spec: Any) -> PodConstraints:
+    requests = {"cpu": "1", "memory": memory, "nvidia.com/gpu": str(gpus)}
+    container = {"name": "worker", "resources": {"requests": requests}}
+    return PodConstraints.of_pod_spec({"containers": [container], **spec})
+
+
+def test_a_job_sees_only_the_nodes_its_pods_may_use_with_the_reason_for_the_rest() -> None:
+    tainted = node("n2", gpus=8)
+    tainted["spec"] = {"taints": [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]}
+    labelled = node("n3", gpus=8)
+    labelled["metadata"]["labels"]["pool"] = "ml"
+    nodes = (node("n1", gpus=8), tainted, labelled)
+    plain = cluster_inventory(nodes, (), pod=constraints(gpus=1))
+    assert [n.name for n in plain.nodes] == ["n1", "n3"]
+    assert [(e.name, e.reason) for e in plain.excluded] == [
+        ("n2", "taint dedicated=ml:NoSchedule not tolerated")
+    ]
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+    ml = constraints(gpus=1, tolerations=[toleration], nodeSelector={"pool": "ml"})
+    dedicated = cluster_inventory(nodes, (), pod=ml)
+    assert [n.name for n in dedicated.nodes] == ["n3"]
+    assert {e.name: e.reason.split(" ")[0] for e in dedicated.excluded} == {
+        "n1": "nodeSelector",
+        "n2": "nodeSelector",
+    }
+    assert [n.name for n in cluster_inventory(nodes, ()).nodes] == ["n1", "n2", "n3"]
+
+
+def test_each_job_view_is_built_once_per_listing_and_adjusted_per_pass() -> None:
+    nodes = tuple(node(f"n{i}", gpus=8) for i in (1, 2, 3))
+    pods = (pod_on("a-w0", "a", "n1", 6),)
+    pod = constraints(gpus=2, memory="200Gi")  # two such pods fill a node's 512Gi
+    first = cluster_inventory(nodes, pods, pod=pod)
+    again = cluster_inventory(nodes, pods, pod=constraints(gpus=2, memory="200Gi"))
+    assert all(a is b for a, b in zip(first.nodes, again.nodes, strict=True)), "shared"
+    assert {n.name: n.free_gpus for n in first.nodes} == {"n1": 2, "n2": 4, "n3": 4}
+    own = cluster_inventory(nodes, pods, own_job="a", pod=pod)
+    assert {n.name: n.free_gpus for n in own.nodes} == {"n1": 4, "n2": 4, "n3": 4}
+    assert own.nodes[1] is first.nodes[1], "only the job's own nodes are rebuilt"

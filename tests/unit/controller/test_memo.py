@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from elastra.controller.memo import LastOf, LastOfAll, PerObject
+from elastra.controller.memo import LastOf, LastOfAll, PerKeyOf, PerObject
 
 
 def test_last_of_computes_again_only_for_a_new_tuple() -> None:
@@ -66,3 +66,23 @@ def test_last_of_all_computes_again_when_any_key_is_another_object() -> None:
     assert memo.get((a, b), compute) == 1
     assert memo.get((a, tuple([2])), compute) == 2, "an equal but new object is a new key"
     assert memo.get((a,), compute) == 3
+
+
+def test_per_key_of_keeps_a_value_per_key_while_the_owners_stay() -> None:
+    calls: list[str] = []
+    memo: PerKeyOf[str, str] = PerKeyOf(limit=2)
+
+    def compute(key: str) -> str:
+        calls.append(key)
+        return key.upper()
+
+    listing, other = tuple([1]), tuple([1])
+    assert memo.get((listing,), "a", lambda: compute("a")) == "A"
+    assert memo.get((listing,), "b", lambda: compute("b")) == "B"
+    assert memo.get((listing,), "a", lambda: compute("a")) == "A"
+    assert calls == ["a", "b"]
+    memo.get((listing,), "c", lambda: compute("c"))  # over the limit: "a" goes
+    memo.get((listing,), "a", lambda: compute("a"))
+    assert calls == ["a", "b", "c", "a"]
+    memo.get((other,), "a", lambda: compute("a"))  # equal but not the same owner: all go
+    assert calls[-1] == "a" and len(calls) == 5
