@@ -12,8 +12,8 @@ so the test runs there (`make e2e-kind`) and is skipped with a reason elsewhere.
 Each worker asks for more than half a node's CPU, so one worker fits per node: with three
 worker nodes the job runs three, with one lost it can only run two, and it can grow back to
 three only on the node that returns. The times from the kill to the next trained step and from
-the node's return to the grown world are printed (README, "Reliability"). The second test kills
-the node that also holds the operator pod.
+the node's return to the grown world are printed (docs/benchmarks.md, "Faults injected"). The
+second test kills the node that also holds the operator pod.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def test_a_lost_node_shrinks_the_world_and_its_return_grows_it(
     first, nodes = running_three(job)
     victim = lost_node(nodes, operator_node(elastra))
     to_trained, to_grown = kill_and_return(job, elastra.kube, containers[victim], victim, first)
-    with capsys.disabled():  # the figures the README records, also in a captured run
+    with capsys.disabled():  # the figures docs/benchmarks.md records, also captured
         print(
             f"\nnode {victim} killed: a world of 2 trained {to_trained:.0f}s later; "
             f"node back: a world of 3 formed {to_grown:.0f}s after docker start"

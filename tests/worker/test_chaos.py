@@ -6,7 +6,7 @@ run's faults repeat. After the run the checks of the e2e suite judge what the wo
 the step log holds steps 0..N once each with exactly a static run's samples, every world
 restored the newest checkpoint committed before it (never an older one), and every committed
 checkpoint left on disk verifies. ``ELASTRA_CHAOS_KILLS`` asks for a longer run with at least
-that many kills (the README's reliability table: ``ELASTRA_CHAOS_KILLS=200 pytest
+that many kills (docs/benchmarks.md, "Faults injected": ``ELASTRA_CHAOS_KILLS=200 pytest
 tests/worker/test_chaos.py -s --timeout 4700``: 255 kills, 173 of them in saves, in 33 min).
 """
 
