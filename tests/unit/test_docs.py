@@ -1,8 +1,10 @@
 """The documentation stays true: the generated reference, descriptions, links, no outside files.
 
 ``docs/api.md`` is generated from the models, so a stale copy is a failure, not a nuisance;
-every spec field must say what it does (``kubectl explain`` shows the same text); and the
-repository must stand alone: no file may point at notes that live outside it.
+every spec field must say what it does (``kubectl explain`` shows the same text); the
+repository must stand alone: no file may point at notes that live outside it; and a figure is
+dated by its date and commit (``docs/benchmarks.md``), never by the working sitting that
+measured it, which a reader cannot look up.
 """
 
 from __future__ import annotations
@@ -87,11 +89,10 @@ def test_no_tracked_file_points_outside_the_repository() -> None:
 
 LINK = re.compile(r"\]\(([^)#\s]+)(#[^)]*)?\)")
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.DOTALL)
+PAGES = sorted([*DOCS.glob("*.md"), REPO / "README.md"])
 
 
-@pytest.mark.parametrize(
-    "page", sorted([*DOCS.glob("*.md"), REPO / "README.md"]), ids=lambda p: p.name
-)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_relative_links_resolve(page: Path) -> None:
     broken = []
     for target, _ in LINK.findall(CODE.sub("", page.read_text())):
@@ -105,3 +106,84 @@ def test_relative_links_resolve(page: Path) -> None:
 @pytest.mark.parametrize("page", ["architecture.md", "operations.md", "troubleshooting.md"])
 def test_the_guides_exist(page: str) -> None:
     assert (DOCS / page).read_text().startswith("# ")
+
+
+# A numbered working sitting, in any spelling: "session 18", "sessions 15 and 16", "session-18",
+# "sitting #3", "the 18th session", "session eighteen". "Session" alone is the worker's API.
+_NUMBER_WORDS = "one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|" + (
+    "fourteen|fifteen|sixteen|seventeen|eighteen|nineteen|twenty"
+)
+NUMBERED_SITTING = re.compile(
+    r"\b(?:session|sitting)s?(?:\s+(?:no\.?|nr\.?|number))?(?:\s*#\s*|\s+|-)\d+"
+    r"|\b\d+(?:st|nd|rd|th)\s+(?:working\s+|development\s+)?(?:session|sitting)\b"
+    rf"|\b(?:session|sitting)\s+(?:{_NUMBER_WORDS})\b",
+    re.IGNORECASE,
+)
+# In prose (Markdown) also a sitting named without its number: "this session's changes",
+# "the previous sitting", "a development session". Code may say "an earlier session" of torch's
+# own sessions, so this half applies to pages only.
+RELATIVE_SITTING = re.compile(
+    r"\b(?:this|that|last|previous|earlier|next|same)\s+(?:working\s+|development\s+)?"
+    r"(?:session|sitting)s?\b"
+    r"|\b(?:working|development)\s+(?:session|sitting)s?\b",
+    re.IGNORECASE,
+)
+
+
+def sittings(text: str, *, prose: bool) -> list[str]:
+    """Every mention of a working sitting in ``text`` (numbered only, unless ``prose``)."""
+    found = [m.group(0) for m in NUMBERED_SITTING.finditer(text)]
+    if prose:
+        found += [m.group(0) for m in RELATIVE_SITTING.finditer(text)]
+    return found
+
+
+@pytest.mark.parametrize(
+    ("text", "prose", "found"),
+    [
+        ("measured in session 18", False, ["session 18"]),
+        ("Session 9 (same machine): 1.81x", False, ["Session 9"]),
+        ("sessions 15 and 16", False, ["sessions 15"]),
+        ("sessions 11-13", False, ["sessions 11"]),
+        ("name the clone each session-18 row ran in", False, ["session-18"]),
+        ("sitting 3", False, ["sitting 3"]),
+        ("sitting #3", False, ["sitting #3"]),
+        ("session no. 4", False, ["session no. 4"]),
+        ("a figure of\nsession\n12", False, ["session\n12"]),
+        ("the 18th session", False, ["18th session"]),
+        ("session eighteen", False, ["session eighteen"]),
+        ("this session's changes", True, ["this session"]),
+        ("before last session's protocol", True, ["last session"]),
+        ("the development session that measured it", True, ["development session"]),
+        ("this session's changes", False, []),
+        ("with Session.from_env() as sess:  # joins this world version", True, []),
+        ("a GradScaler used by the session too", True, []),
+        ("a run on 2026-12-03 at commit 4032375", True, []),
+        ("the sessions' stores take ports below 32768", True, []),
+    ],
+)
+def test_sittings_are_found_in_every_spelling(text: str, prose: bool, found: list[str]) -> None:
+    assert sittings(text, prose=prose) == found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_pages_name_no_working_sitting(page: Path) -> None:
+    """README.md and docs/ date a figure by date and commit: docs/benchmarks.md says how."""
+    assert sittings(page.read_text(), prose=True) == []
+
+
+def test_no_tracked_file_names_a_numbered_sitting() -> None:
+    """Code comments, docstrings and every other page (e2e notes, worker README) too."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    this_file = Path(__file__).resolve()
+    offenders = []
+    for path in _tracked_files():
+        if not path.is_file() or path.resolve() == this_file:
+            continue  # deleted in the work tree; or this file, whose table names sittings
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        offenders += [
+            f"{path.relative_to(REPO)}: {hit!r}"
+            for hit in sittings(text, prose=path.suffix == ".md")
+        ]
+    assert offenders == []
