@@ -9,14 +9,21 @@
 # builds into a fresh folder. Kueue's manager (kueue/, for the Kueue integration tests) is
 # built the same way into a folder of its own, keyed by its own pins, so bumping Kueue never
 # rebuilds Kubernetes and the reverse; its CRDs are copied from the module's source beside it.
+# Karpenter with its kwok provider (karpenter/, for the autoscaling tests and `up --autoscaler
+# karpenter`) is built the same way, but only when asked for (--karpenter): most runs never
+# start it, and it costs a cold machine about 10 more minutes.
 #
-#   e2e/toolchain/build.sh                   build if needed, then print the bin dir last
-#   e2e/toolchain/build.sh --print-bindir    print the bin dir (built or not) and exit
-#   e2e/toolchain/build.sh --print-kueue-dir print Kueue's folder (bin/kueue, crds/) and exit
-#   e2e/toolchain/build.sh --check           exit 0 when the cache is warm, 1 when not
+#   e2e/toolchain/build.sh                       build if needed, then print the bin dir last
+#   e2e/toolchain/build.sh --print-bindir        print the bin dir (built or not) and exit
+#   e2e/toolchain/build.sh --print-kueue-dir     print Kueue's folder (bin/kueue, crds/) and exit
+#   e2e/toolchain/build.sh --check               exit 0 when the cache is warm, 1 when not
+#   e2e/toolchain/build.sh --karpenter           build Karpenter if needed, print its folder last
+#   e2e/toolchain/build.sh --print-karpenter-dir print Karpenter's folder (bin/karpenter, crds/)
+#   e2e/toolchain/build.sh --check-karpenter     exit 0 when Karpenter's cache is warm, 1 when not
 #
 # Cache: ${ELASTRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elastra}/toolchain/<key>/bin
 #        ${ELASTRA_CACHE:-...}/toolchain/kueue-<version>-<hash>/{bin/kueue,crds/*.yaml}
+#        ${ELASTRA_CACHE:-...}/toolchain/karpenter-<version>-<hash>/{bin/karpenter,crds/*.yaml}
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,6 +33,7 @@ CACHE_ROOT="${ELASTRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elastra}/toolchain"
 # reused (editing comments or messages here does not invalidate the cache).
 RECIPE=1
 KUEUE_RECIPE=1
+KARPENTER_RECIPE=1
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
 # Go's compile cache of the project's builds (here, CoreDNS and the kind binaries, which share
@@ -100,12 +108,12 @@ ldflags_for() {
 }
 
 # Needs in GiB: the toolchain (~0.7), the module cache (~2) and the Go build cache (~4.5, up
-# to 7).
+# to 7); a smaller build passes its own three figures (cache, module cache, build cache).
 # Folders on one filesystem add up.
 check_disk() {
   local -A need=() where=()
   local dir gib fs free_kib
-  for spec in "$CACHE_ROOT:1" "$(go env GOMODCACHE):3" "$(go env GOCACHE):5"; do
+  for spec in "$CACHE_ROOT:${1:-1}" "$(go env GOMODCACHE):${2:-3}" "$(go env GOCACHE):${3:-5}"; do
     dir="${spec%:*}"; gib="${spec##*:}"
     mkdir -p "$dir"
     fs="$(df -P "$dir" | awk 'NR==2 {print $6}')"
@@ -237,17 +245,101 @@ build_kueue() {
   say "built Kueue in $((SECONDS - started))s: $dest/bin/kueue, $(ls "$dest/crds" | wc -l) CRDs"
 }
 
+# --- Karpenter: its own folder and key, built only on request --------------------------------
+
+karpenter_key() {
+  local v hash
+  v="$(modversion karpenter sigs.k8s.io/karpenter)" || die "cannot read the sigs.k8s.io/karpenter version from $HERE/karpenter/go.mod"
+  hash="$( { go env GOVERSION; echo "recipe=$KARPENTER_RECIPE";
+             cat "$HERE/karpenter/go.mod" "$HERE/karpenter/go.sum"; } | sha256sum | cut -c1-12)"
+  printf 'karpenter-%s-%s' "$v" "$hash"
+}
+
+# The kwok provider's main package (sigs.k8s.io/karpenter/kwok: Karpenter's controllers with a
+# cloud provider that creates Node objects for NodeClaims), and the CRDs it needs from the same
+# module's source: NodePool and NodeClaim as the provider's chart ships them (they reserve the
+# karpenter.kwok.sh label domain) and KWOKNodeClass. NodeOverlay and CapacityBuffer are left
+# out: their controllers run only behind feature gates that are off by default, and
+# CapacityBuffer's group (autoscaling.x-k8s.io) is the one ProvisioningRequest is served in.
+build_karpenter() {
+  local key="$1" dest="$CACHE_ROOT/$1" stage log started=$SECONDS v src
+  stage="$CACHE_ROOT/.build-$key-$$"
+  rm -rf "$stage"; mkdir -p "$stage/bin" "$stage/crds"
+  log="$CACHE_ROOT/build-$key.log"
+  : >"$log"
+  trap 'rm -rf "$stage"' EXIT
+  v="$(modversion karpenter sigs.k8s.io/karpenter)"
+  say "cold Karpenter cache: building Karpenter $v (kwok provider) into $dest (log: $log; about 10 min on 2 cores)"
+  say "[1/2] karpenter: downloading modules"
+  (cd "$HERE/karpenter" && with_heartbeat "$log" "karpenter download" go mod download) ||
+    explain_failure "$log" "downloading the karpenter modules"
+  say "[2/2] karpenter: go build sigs.k8s.io/karpenter/kwok"
+  (cd "$HERE/karpenter" && with_heartbeat "$log" "karpenter" \
+    go build -v -p 2 -trimpath -ldflags "-s -w -X sigs.k8s.io/karpenter/pkg/operator.Version=$v" \
+      -o "$stage/bin/karpenter" sigs.k8s.io/karpenter/kwok) ||
+    explain_failure "$log" "building sigs.k8s.io/karpenter/kwok"
+  src="$(cd "$HERE/karpenter" && go list -m -f '{{.Dir}}' sigs.k8s.io/karpenter)"
+  cp "$src"/kwok/charts/crds/karpenter.sh_{nodepools,nodeclaims}.yaml \
+    "$src"/kwok/apis/crds/karpenter.kwok.sh_kwoknodeclasses.yaml "$stage/crds/" ||
+    die "Karpenter's CRDs are not where $src/kwok/charts/crds and $src/kwok/apis/crds had them"
+  chmod u+w "$stage"/crds/*.yaml  # the module cache is read-only
+  {
+    echo "key=$key"; echo "go=$(go env GOVERSION)"; echo "built=$(date -u +%FT%TZ)"
+    echo "seconds=$((SECONDS - started))"; echo "karpenter=$v"
+  } >"$stage/MANIFEST"
+  mv "$log" "$stage/build.log"
+  rm -rf "$dest"
+  mv "$stage" "$dest"
+  trap - EXIT
+  say "built Karpenter in $((SECONDS - started))s: $dest/bin/karpenter, $(ls "$dest/crds" | wc -l) CRDs"
+}
+
+# One build at a time per cache (two checkouts, or make -j, may call this together).
+take_lock() {
+  mkdir -p "$CACHE_ROOT"
+  exec 9>"$CACHE_ROOT/.lock"
+  if ! flock -n 9; then
+    say "another build holds $CACHE_ROOT/.lock; waiting for it"
+    flock 9
+  fi
+}
+
+karpenter_main() {  # karpenter_main MODE
+  local kpkey kpdir
+  kpkey="$(karpenter_key)"
+  kpdir="$CACHE_ROOT/$kpkey"
+  case "$1" in
+    print-karpenter) echo "$kpdir"; return ;;
+    check-karpenter) [[ -f "$kpdir/MANIFEST" ]]; return ;;
+  esac
+  take_lock
+  if [[ -f "$kpdir/MANIFEST" ]]; then
+    say "warm Karpenter cache: $kpdir"
+  else
+    check_disk 1 1 2
+    build_karpenter "$kpkey"
+  fi
+  echo "$kpdir"
+}
+
 main() {
   local mode="build"
   case "${1:-}" in
     --print-bindir) mode="print" ;;
     --check) mode="check" ;;
     --print-kueue-dir) mode="print-kueue" ;;
-    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --karpenter) mode="karpenter" ;;
+    --print-karpenter-dir) mode="print-karpenter" ;;
+    --check-karpenter) mode="check-karpenter" ;;
+    -h|--help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     "") ;;
     *) die "unknown option '$1' (try --help)" ;;
   esac
   need_go
+  if [[ "$mode" == *karpenter ]]; then
+    karpenter_main "$mode"
+    return
+  fi
   local key bindir kkey
   key="$(cache_key)"
   kkey="$(kueue_key)"
@@ -257,13 +349,7 @@ main() {
     print-kueue) echo "$CACHE_ROOT/$kkey"; return ;;
     check) [[ -f "$CACHE_ROOT/$key/MANIFEST" && -f "$CACHE_ROOT/$kkey/MANIFEST" ]]; return ;;
   esac
-  mkdir -p "$CACHE_ROOT"
-  # One build at a time per cache (two checkouts, or make -j, may call this together).
-  exec 9>"$CACHE_ROOT/.lock"
-  if ! flock -n 9; then
-    say "another build holds $CACHE_ROOT/.lock; waiting for it"
-    flock 9
-  fi
+  take_lock
   if [[ -f "$CACHE_ROOT/$key/MANIFEST" ]]; then
     say "warm cache: $bindir"
   else
