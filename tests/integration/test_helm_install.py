@@ -4,9 +4,11 @@ Why: the unit tests read the rendered chart; here the API server itself judges i
 the operator pod into a namespace that enforces Pod Security "restricted", its authorizer
 grants the operator's service account exactly the reviewed golden permissions (and denies
 secrets, exec and node writes), an operator running with that service account's token does
-its job without a single "forbidden", and `helm uninstall` leaves nothing behind. No image
-exists and no real node runs the operator pod, so the installed pod stays Pending: the
-operator runs as a local process that logs in as the chart's service account instead.
+its job without a single "forbidden", a namespace's `edit` users may run TrainingJobs and its
+`view` users only read them (the chart's aggregated roles), and `helm uninstall` leaves
+nothing behind. No image exists and no real node runs the operator pod, so the installed pod
+stays Pending: the operator runs as a local process that logs in as the chart's service
+account instead.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ GOLDEN_RBAC = ROOT / "tests" / "unit" / "golden" / "operator-rbac.yaml"
 LEASE = "elastra-operator"
 # What `helm uninstall` must remove, by kind (cluster-scoped kinds are listed without -A).
 RELEASE_KINDS = (
-    "deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,kopfpeerings",
+    "deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,kopfpeerings,"
+    "networkpolicies",
     "clusterroles,clusterrolebindings,clusterkopfpeerings",
 )
 
@@ -204,6 +207,8 @@ def test_install_creates_the_operator_its_rbac_and_crds(cluster: Cluster, releas
     cluster.get("service", f"{release.fullname}-metrics", *ns)
     cluster.get("role,rolebinding", f"{release.fullname}-lease", *ns)
     cluster.get("clusterrole,clusterrolebinding", release.fullname)
+    cluster.get("networkpolicy", release.fullname, *ns)  # the operator pod's own
+    cluster.get("clusterrole", f"{release.fullname}-edit", f"{release.fullname}-view")
     cluster.get("clusterkopfpeering", release.fullname)
     for crd in (
         "trainingjobs.elastra.dev",
@@ -243,6 +248,74 @@ def test_service_account_holds_exactly_the_golden_permissions(
         "auth", "can-i", "get", "secrets", "-A", f"--as={release.user}", check=False
     )
     assert can_i.stdout.strip() == "no"
+
+
+# What a person bound to a built-in role in a namespace may do with TrainingJobs there, once
+# the controller manager has aggregated the chart's <fullname>-edit and -view into it:
+# {role: {(verb, subresource): allowed}}.
+USER_ACCESS = {
+    "edit": {
+        ("create", ""): True,
+        ("update", ""): True,
+        ("delete", ""): True,
+        ("patch", "scale"): True,
+        ("get", "status"): True,
+        ("update", "status"): False,  # the operator's alone
+    },
+    "view": {
+        ("get", ""): True,
+        ("list", ""): True,
+        ("watch", ""): True,
+        ("get", "scale"): True,
+        ("create", ""): False,
+        ("delete", ""): False,
+        ("patch", "scale"): False,
+    },
+}
+
+
+def can_i(cluster: Cluster, user: str, namespace: str, verb: str, subresource: str) -> bool:
+    """`kubectl auth can-i` on trainingjobs as ``user``: the API server's authorizer answers."""
+    sub = [f"--subresource={subresource}"] if subresource else []
+    out = cluster.kubectl(
+        "auth", "can-i", verb, "trainingjobs.elastra.dev", *sub,
+        f"--namespace={namespace}", f"--as={user}", check=False,
+    )  # fmt: skip
+    return out.stdout.strip() == "yes"
+
+
+def test_namespace_editors_run_trainingjobs_and_viewers_read_them(
+    cluster: Cluster, release: Release
+) -> None:
+    """The chart's user roles reach the built-in edit/view roles through aggregation."""
+    with fresh_namespace(cluster) as namespace:
+        users = {role: f"{role}-user-{namespace}" for role in USER_ACCESS}
+        for role, user in users.items():
+            cluster.kubectl(
+                "create", "rolebinding", f"{role}-user", f"--clusterrole={role}",
+                f"--user={user}", f"--namespace={namespace}",
+            )  # fmt: skip
+        for role, user in users.items():
+            first = next(a for a, allowed in USER_ACCESS[role].items() if allowed)
+            wait_for(
+                f"{role} to be aggregated with TrainingJobs",
+                lambda user=user, first=first: can_i(cluster, user, namespace, *first),
+                timeout=60,
+                interval=0.5,
+            )
+        answers = {
+            (role, verb, sub): can_i(cluster, users[role], namespace, verb, sub)
+            for role, access in USER_ACCESS.items()
+            for verb, sub in access
+        }
+        expected = {
+            (role, verb, sub): allowed
+            for role, access in USER_ACCESS.items()
+            for (verb, sub), allowed in access.items()
+        }
+        assert answers == expected
+        elsewhere = f"{namespace}-other"  # a RoleBinding grants its own namespace only
+        assert not can_i(cluster, users["edit"], elsewhere, "create", "")
 
 
 def sa_kubeconfig(cluster: Cluster, release: Release, path: Path) -> Path:

@@ -36,6 +36,8 @@ CHART = ROOT / "helm" / "elastra"
 GOLDEN_RBAC = Path(__file__).parent / "golden" / "operator-rbac.yaml"
 RELEASE = "elastra"
 NAMESPACE = "elastra-system"
+USER_ROLES = (f"{RELEASE}-edit", f"{RELEASE}-view")
+"""The ClusterRoles for the people who run jobs (rbac.userRoles), beside the operator's."""
 
 Manifest = dict[str, Any]
 
@@ -152,6 +154,8 @@ def test_default_render_holds_the_operator_and_its_rbac(default: list[Manifest])
         [
             "ServiceAccount",
             "ClusterRole",
+            "ClusterRole",  # -edit, aggregated (tests/unit/test_helm_rbac.py)
+            "ClusterRole",  # -view
             "ClusterRoleBinding",
             "Role",
             "RoleBinding",
@@ -159,15 +163,23 @@ def test_default_render_holds_the_operator_and_its_rbac(default: list[Manifest])
             "Deployment",
             "ClusterKopfPeering",
             "Lease",
+            "NetworkPolicy",
         ]
     )
-    namespaced_kinds = {"ServiceAccount", "Service", "Deployment", "Role", "RoleBinding"}
+    namespaced_kinds = {
+        "ServiceAccount",
+        "Service",
+        "Deployment",
+        "Role",
+        "RoleBinding",
+        "NetworkPolicy",
+    }
     for m in default:
         if m["kind"] in namespaced_kinds:
             assert m["metadata"]["namespace"] == NAMESPACE, m["kind"]
     binding = one(default, "ClusterRoleBinding")
     account = one(default, "ServiceAccount")["metadata"]["name"]
-    assert binding["roleRef"]["name"] == one(default, "ClusterRole")["metadata"]["name"]
+    assert binding["roleRef"]["name"] == one(default, "ClusterRole", RELEASE)["metadata"]["name"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
     ]
@@ -211,7 +223,7 @@ def test_rbac_equals_the_reviewed_golden_list(default: list[Manifest]) -> None:
         "differs from tests/unit/golden/operator-rbac.yaml: review why the operator needs "
         "the change, then update the golden list"
     )
-    rendered = one(default, "ClusterRole")["rules"]
+    rendered = one(default, "ClusterRole", RELEASE)["rules"]
     assert canonical(rendered) == canonical(golden()["clusterRole"]), f"ClusterRole {hint}"
     lease_role = one(default, "Role", "-lease")
     assert lease_role["metadata"]["namespace"] == NAMESPACE
@@ -227,7 +239,7 @@ def test_namespaced_operator_gets_namespace_watch_and_a_namespaced_peering(
         if "clusterkopfpeerings" not in r["resources"] and r not in golden()["jobNamespaceRole"]
     ]  # the job-namespace writes are in a Role there (tests/unit/test_helm_rbac.py)
     watch_namespaces = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
-    assert canonical(one(namespaced, "ClusterRole")["rules"]) == canonical(
+    assert canonical(one(namespaced, "ClusterRole", RELEASE)["rules"]) == canonical(
         [*cluster_wide, watch_namespaces]
     )
     role = one(namespaced, "Role", "-peering")
@@ -253,8 +265,9 @@ def test_namespaced_operator_gets_namespace_watch_and_a_namespaced_peering(
 
 def test_without_peering_there_is_no_peering_permission_or_object(bare: list[Manifest]) -> None:
     assert not [m for m in bare if m["kind"] in ("ClusterKopfPeering", "KopfPeering")]
-    assert [m["metadata"]["name"] for m in roles(bare)] == [f"{RELEASE}", f"{RELEASE}-lease"]
-    rules = one(bare, "ClusterRole")["rules"]
+    names = [m["metadata"]["name"] for m in roles(bare)]
+    assert sorted(names) == sorted([RELEASE, f"{RELEASE}-lease", *USER_ROLES])
+    rules = one(bare, "ClusterRole", RELEASE)["rules"]
     assert not [r for r in rules if "kopf.dev" in r["apiGroups"]]
     args = container(one(bare, "Deployment"))["args"]
     assert not [a for a in args if a.startswith(("--peering", "--priority"))]
@@ -307,6 +320,16 @@ def test_local_image_is_set_explicitly(helm: Path, tmp_path: Path) -> None:
     values = {"image": {"repository": "elastra.local/elastra-operator", "tag": "dev"}}
     deployment = one(render(helm, tmp_path, values), "Deployment")
     assert container(deployment)["image"] == "elastra.local/elastra-operator:dev"
+
+
+def test_a_digest_pins_the_image_and_a_bad_one_is_refused(helm: Path, tmp_path: Path) -> None:
+    """What scanners ask (checkov CKV_K8S_43, docs/clusters.md): repository@digest, no tag."""
+    digest = "sha256:" + "0123456789abcdef" * 4
+    values = {"image": {"tag": "0.1.0", "digest": digest}}
+    deployment = one(render(helm, tmp_path, values), "Deployment")
+    assert container(deployment)["image"] == f"elastra/elastra-operator@{digest}"
+    with pytest.raises(HelmError, match="digest"):
+        render(helm, tmp_path, {"image": {"digest": "sha256:abc"}})
 
 
 def test_notes_create_the_example_claim_before_the_example() -> None:

@@ -6,6 +6,9 @@ the jobs' namespaces (pods, each job's Service and NetworkPolicy) move to a Role
 namespace; the reads capacity needs (every Node, every Pod) stay cluster-wide. And the
 NetworkPolicy lets the operator read its workers' metrics only if the labels the chart hands
 the operator are the labels its pod carries: checked here through ``elastra run``'s own parser.
+The chart's other two ClusterRoles are for people, not the operator: aggregated into the
+built-in ``admin``/``edit`` and ``view`` roles, they let a namespace's editors run TrainingJobs
+and its viewers read them (the API server's answer: tests/integration/test_helm_install.py).
 """
 
 from __future__ import annotations
@@ -78,14 +81,14 @@ def jobs_role(manifests: list[Manifest]) -> list[Manifest]:
 def test_every_namespace_watched_the_cluster_role_holds_the_job_writes(
     everywhere: list[Manifest],
 ) -> None:
-    assert grants(one(everywhere, "ClusterRole")["rules"]) >= JOB_WRITES | CAPACITY_READS
+    assert grants(one(everywhere, "ClusterRole", RELEASE)["rules"]) >= JOB_WRITES | CAPACITY_READS
     assert jobs_role(everywhere) == []
     golden_writes = grants(golden()["jobNamespaceRole"])
     assert golden_writes == JOB_WRITES
 
 
 def test_one_namespace_watched_the_writes_are_in_a_role_there(watched: list[Manifest]) -> None:
-    cluster = grants(one(watched, "ClusterRole")["rules"])
+    cluster = grants(one(watched, "ClusterRole", RELEASE)["rules"])
     assert not cluster & JOB_WRITES, "pod writes granted cluster-wide with watchNamespace set"
     assert cluster >= CAPACITY_READS, "capacity reads must stay cluster-wide"
     (role,) = jobs_role(watched)
@@ -110,8 +113,10 @@ def test_both_modes_grant_the_same_verbs_only_scoped_differently(
     """Nothing the operator needs is lost by watching one namespace. Kopf's peering objects
     differ (cluster-wide vs. in the namespace: test_helm_chart checks those)."""
     (role,) = jobs_role(watched)
-    scoped = grants(one(watched, "ClusterRole")["rules"]) | grants(role["rules"])
-    needed = {g for g in grants(one(everywhere, "ClusterRole")["rules"]) if g[0] != "kopf.dev"}
+    scoped = grants(one(watched, "ClusterRole", RELEASE)["rules"]) | grants(role["rules"])
+    needed = {
+        g for g in grants(one(everywhere, "ClusterRole", RELEASE)["rules"]) if g[0] != "kopf.dev"
+    }
     assert needed <= scoped
 
 
@@ -228,3 +233,64 @@ def test_outside_the_cluster_only_the_listed_peers_are_let_in() -> None:
     """No POD_NAMESPACE: the operator is no pod, so its labels name nothing."""
     args = parse_run("--operator-pod-labels=a=b", "--metrics-peer=monitoring")
     assert run.metrics_peers(args, None) == (PodPeer(namespace="monitoring"),)
+
+
+# --- the ClusterRoles for the people who run jobs (rbac.userRoles) ---------------------------
+
+AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
+USER_ROLE_RULES = {
+    # Whoever may edit a namespace's Deployments may run TrainingJobs there: create, change,
+    # scale (kubectl scale, an HPA) and delete them, and read their status; never write it.
+    "edit": {
+        ("elastra.dev", "trainingjobs", verb)
+        for verb in ("create", "delete", "get", "list", "patch", "update", "watch")
+    }
+    | {("elastra.dev", "trainingjobs/scale", verb) for verb in ("get", "patch", "update")}
+    | {("elastra.dev", "trainingjobs/status", "get")},
+    "view": {
+        ("elastra.dev", resource, verb)
+        for resource in ("trainingjobs", "trainingjobs/scale", "trainingjobs/status")
+        for verb in ("get", "list", "watch")
+    },
+}
+AGGREGATED_INTO = {"edit": {"admin", "edit"}, "view": {"view"}}
+"""The built-in user-facing ClusterRoles each one's rules are copied into."""
+
+
+def user_roles(manifests: list[Manifest]) -> dict[str, Manifest]:
+    """The aggregated ClusterRoles, by what they aggregate as (edit, view)."""
+    found = {}
+    for m in manifests:
+        labels = m["metadata"].get("labels") or {}
+        if m["kind"] == "ClusterRole" and any(k.startswith(AGGREGATE) for k in labels):
+            found[m["metadata"]["name"].removeprefix(f"{RELEASE}-")] = m
+    return found
+
+
+@pytest.mark.parametrize("values", [{}, {"watchNamespace": WATCHED}, {"rbac": {"create": False}}])
+def test_user_roles_grant_trainingjobs_and_aggregate_into_the_built_in_roles(
+    helm: Path, tmp_path: Path, values: dict[str, Any]
+) -> None:
+    """The same two roles whatever the operator's own RBAC: they are for the users."""
+    roles = user_roles(render(helm, tmp_path, values))
+    assert set(roles) == set(USER_ROLE_RULES)
+    for name, role in roles.items():
+        assert grants(role["rules"]) == USER_ROLE_RULES[name], name
+        assert not [r for r in role["rules"] if r.get("resourceNames")], name
+        labels = role["metadata"]["labels"]
+        into = {k.removeprefix(AGGREGATE) for k, v in labels.items() if k.startswith(AGGREGATE)}
+        assert into == AGGREGATED_INTO[name], labels
+        assert {labels[f"{AGGREGATE}{built_in}"] for built_in in into} == {"true"}
+        assert labels["app.kubernetes.io/instance"] == RELEASE  # helm uninstall finds them
+        assert "aggregationRule" not in role
+
+
+def test_user_roles_can_be_left_out(helm: Path, tmp_path: Path) -> None:
+    manifests = render(helm, tmp_path, {"rbac": {"userRoles": False}})
+    assert user_roles(manifests) == {}
+    assert one(manifests, "ClusterRole")["metadata"]["name"] == RELEASE  # the operator's stays
+
+
+def test_user_roles_value_must_be_a_boolean(helm: Path, tmp_path: Path) -> None:
+    with pytest.raises(HelmError, match="userRoles"):
+        render(helm, tmp_path, {"rbac": {"userRoles": "yes"}})
