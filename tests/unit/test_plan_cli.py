@@ -4,8 +4,10 @@ contract, and bad input or no fit give the documented exit statuses."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,17 +104,46 @@ def test_no_fit_exits_3_with_a_reason(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "T4" in out["reason"]
 
 
-def test_unknown_gpu_type_on_a_node_is_bad_input(
+def test_a_node_of_unknown_gpu_type_is_listed_and_the_rest_planned(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     nodes = yaml.safe_load(Path(NODES).read_text())
     nodes["items"][0]["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-Mystery-1"
+    odd = tmp_path / "odd.yaml"
+    odd.write_text(yaml.safe_dump(nodes))
+    assert main(["plan", JOB, "--cluster", str(odd)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "Capacity: A100-SXM-80GB 4 nodes (32 GPUs usable), CPU 1 node, H100-SXM-80GB 3 nodes" in out
+    )
+    assert "\n  h100-0: 8 nvidia.com/gpu but no known GPU type in " in out
+    assert "nvidia.com/gpu.product='NVIDIA-Mystery-1'" in out
+
+
+@pytest.mark.parametrize(
+    ("edit", "error"),
+    [
+        (lambda n: n["metadata"].pop("name"), "a Node without metadata.name"),
+        (
+            lambda n: n["metadata"]["annotations"].update({"elastra.dev/network-gbps": "fast"}),
+            "node h100-0: elastra.dev/network-gbps='fast' is not a number",
+        ),
+        (
+            lambda n: n["status"]["allocatable"].update({"nvidia.com/gpu": "eight"}),
+            "node h100-0: nvidia.com/gpu='eight' is not a whole number",
+        ),
+    ],
+)
+def test_malformed_nodes_are_still_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any, error: str
+) -> None:
+    nodes = yaml.safe_load(Path(NODES).read_text())
+    edit(nodes["items"][0])
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(nodes))
     assert main(["plan", JOB, "--cluster", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1
-    assert "node h100-0" in err and "nvidia.com/gpu.product" in err
+    assert len(err.splitlines()) == 1 and error in err
 
 
 def test_unknown_gpu_types_pattern_names_the_field(
@@ -137,3 +168,113 @@ def test_multi_document_nodes_and_top_k(tmp_path: Path, capsys: pytest.CaptureFi
     path.write_text(yaml.safe_dump_all(items))
     status, out = plan_json(capsys, JOB, "--cluster", str(path), "--top", "2")
     assert status == 0 and len(out["plans"]) == 2
+
+
+FIXTURES = ROOT / "tests" / "fixtures" / "clusters"
+SKU_GPU = {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
+"""The toleration AKS documents for its GPU pools' taint (the job's template carries it)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """A job sized for one provider's fixture, and what its plan must be."""
+
+    fixture: str
+    gpus: int
+    replicas: int
+    planned: dict[str, int]
+    """GPUs per type of the best plan."""
+    unusable: frozenset[str] = frozenset()
+    """The nodes listed as not planned with."""
+    gpu_types: tuple[str, ...] = ()
+    tolerations: tuple[dict[str, str], ...] = ()
+    """The job template's (AKS's GPU pools are tainted sku=gpu:NoSchedule)."""
+
+
+EKS = ".us-west-2.compute.internal"
+PROVIDERS = [
+    Case("eks-p4d.yaml", 4, 3, {"A100-SXM-40GB": 12}),
+    Case("eks-p5.yaml", 8, 2, {"H100-SXM-80GB": 16}),
+    Case("eks-g5-gfd.yaml", 4, 4, {"A10G": 16}),
+    Case("eks-g5-nogfd.yaml", 4, 2, {"A10G": 8}),
+    Case("gke-a2.yaml", 8, 3, {"A100-SXM-40GB": 16, "A100-SXM-80GB": 8}),
+    Case("gke-a3.yaml", 8, 3, {"H100-SXM-80GB": 24}, frozenset({"gke-train-b200-3f9c2a71-m1zs"})),
+    Case("gke-g2.yaml", 2, 6, {"L4": 12}, gpu_types=("L4",)),
+    Case("aks-nd-a100-v4.yaml", 8, 2, {"A100-SXM-40GB": 16}, tolerations=(SKU_GPU,)),
+    Case("aks-nd-h100-v5.yaml", 8, 2, {"H100-SXM-80GB": 16}, tolerations=(SKU_GPU,)),
+    Case("aks-nd-h100-v5.yaml", 8, 1, {"MI300X": 8}, gpu_types=("MI300X",), tolerations=(SKU_GPU,)),
+    Case(
+        "karpenter.yaml",
+        4,
+        5,
+        {"A100-SXM-40GB": 8, "A100-SXM-80GB": 8, "L40S": 4},
+        frozenset({f"ip-10-0-162-40{EKS}"}),
+    ),
+    Case(
+        "mixed.yaml",
+        8,
+        2,
+        {"H100-SXM-80GB": 16},
+        frozenset(
+            {
+                "dgx-a100-mig-0",
+                "dgx-a100-mig-1",
+                "dgx-h100-2",
+                "gpu-unlabelled-0",
+                "ip-10-9-4-17.ec2.internal",
+                "ws-rtx4090-0",
+            }
+        ),
+    ),
+]
+
+
+def provider_job(tmp_path: Path, case: Case) -> str:
+    """The example job sized for ``case``."""
+    job = yaml.safe_load(Path(JOB).read_text())
+    job["spec"].update(replicas=case.replicas, minReplicas=1, maxReplicas=case.replicas)
+    job["spec"]["worker"].update(gpus=case.gpus, gpuTypes=list(case.gpu_types))
+    if case.tolerations:
+        job["spec"]["worker"]["template"] = {"spec": {"tolerations": list(case.tolerations)}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return str(path)
+
+
+def not_planned_with(table: str) -> set[str]:
+    """The nodes ``elastra plan``'s table lists as not planned with."""
+    if "Nodes not planned with" not in table:
+        return set()
+    section = table.split("Nodes not planned with", 1)[1].split("\nNotes", 1)[0]
+    return set(re.findall(r"^  (\S+): \S", section, re.M))
+
+
+@pytest.mark.parametrize("case", PROVIDERS, ids=lambda c: f"{c.fixture}-{c.gpus}")
+def test_plans_on_provider_fixtures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: Case
+) -> None:
+    """EKS (p4d, p5, g5 with and without GFD), GKE (a2, a3, g2), AKS (ND A100 v4, ND H100 v5
+    and MI300X) and Karpenter nodes as their providers label them: the plan is on the right
+    types and counts, and every node it cannot use is listed with the reason."""
+    job, cluster = provider_job(tmp_path, case), str(FIXTURES / case.fixture)
+    status, out = plan_json(capsys, job, "--cluster", cluster)
+    assert status == 0, out["reason"]
+    assert out["plans"][0]["gpuTypes"] == case.planned
+    assert main(["plan", job, "--cluster", cluster]) == 0
+    assert not_planned_with(capsys.readouterr().out) == case.unusable
+
+
+def test_an_untolerated_pool_is_listed_with_its_taint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """AKS's GPU pools without the job tolerating sku=gpu: nothing to plan on, every GPU node
+    listed with the taint."""
+    job = provider_job(tmp_path, Case("aks-nd-a100-v4.yaml", 8, 2, {}))
+    assert main(["plan", job, "--cluster", str(FIXTURES / "aks-nd-a100-v4.yaml")]) == 3
+    table = capsys.readouterr().out
+    assert not_planned_with(table) == {
+        "aks-ndasr-27418803-vmss000000",
+        "aks-ndasr-27418803-vmss000001",
+        "aks-nca100-27418803-vmss000000",
+    }
+    assert "aks-ndasr-27418803-vmss000000: taint sku=gpu:NoSchedule not tolerated" in table

@@ -5,15 +5,17 @@ file of Nodes also works); ``--pods`` optionally subtracts what running pods hol
 the job's worker pods could be scheduled on are planned with, judged on the pod spec the
 operator would create: the template's tolerations, node selector and required node affinity,
 the GPU toleration, and the operator's own tolerations, given here as ``--toleration`` as to
-``elastra run``; the others are listed with the reason. Exit status: 0 a plan fits, 3 none
-fits (the reason is printed), 2 bad input (one line naming the file, field or node).
-``--output json`` prints the contract in ``elastra.planner.plan``.
+``elastra run``; every other node is listed with the reason (a GPU type no label names, MIG
+partitions, a taint, ...). Exit status: 0 a plan fits, 3 none fits (the reason is printed), 2
+bad input (one line naming the file, field or node: a node without a name, a figure that is
+not a number). ``--output json`` prints the contract in ``elastra.planner.plan``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from elastra.controller.manifests import worker_constraints
 from elastra.controller.settings import OperatorSettings
 from elastra.errors import UserError
 from elastra.planner import Inventory, Plan, PlanResult, parse_inventory, plan_job, result_to_dict
+from elastra.planner.catalog import CPU_TYPE
 from elastra.planner.eligibility import eligible
 from elastra.planner.fromspec import check_gpu_types, requirements_from_spec
 from elastra.planner.search import NO_MODEL
@@ -130,11 +133,30 @@ def render_table(result: PlanResult, inventory: Inventory, *, title: str) -> str
         lines.append("  none")
     for rejection in result.rejections:
         lines.append(f"  {rejection.category} x{rejection.count}: e.g. {rejection.example}")
+    return "\n".join([*lines, *_nodes(inventory)])
+
+
+def _nodes(inventory: Inventory) -> list[str]:
+    """What the planner had, and every node it could not use with the reason (none left out:
+    a node missing from the plan is explained here), and what the nodes' labels said that
+    their capacity contradicts."""
+    nodes = Counter(str(n.gpu_type.name) for n in inventory.nodes)
+    gpus = Counter[str]()
+    for node in inventory.nodes:
+        gpus[node.gpu_type.name] += node.free_gpus
+    shown = [
+        f"{name} {count} node{'s' if count > 1 else ''}"
+        + ("" if name == CPU_TYPE else f" ({gpus[name]} GPUs usable)")
+        for name, count in sorted(nodes.items())
+    ]
+    lines = ["", "Capacity: " + (", ".join(shown) or "none")]
     if inventory.excluded:
-        shown = ", ".join(f"{n.name} ({n.reason})" for n in inventory.excluded[:4])
-        more = len(inventory.excluded) - 4
-        lines.append(f"Excluded nodes: {shown}" + (f" and {more} more" if more > 0 else ""))
-    return "\n".join(lines)
+        lines.append(f"Nodes not planned with ({len(inventory.excluded)})")
+        lines += [f"  {n.name}: {n.reason}" for n in inventory.excluded]
+    if inventory.notes:
+        lines.append("Notes")
+        lines += [f"  {n.name}: {n.message}" for n in inventory.notes]
+    return lines
 
 
 def _describe(plan: Plan) -> list[str]:

@@ -49,6 +49,8 @@ from elastra.api.podtemplate import (
     TemplateMetadata,
 )
 from elastra.controller.settings import GPU_TOLERATION, OperatorSettings
+from elastra.planner.catalog import CATALOG, NVIDIA_GPU, matches, resource_of
+from elastra.planner.scheduling import PodConstraints
 from elastra_worker.assignment import Assignment, CheckpointSpec, Plan
 
 LABEL_JOB = "elastra.dev/job"
@@ -270,7 +272,15 @@ def worker_pod(
             },
             "ownerReferences": [owner_reference(job)],
         },
-        "spec": _pod_spec(job, template, name=name, node=node, settings=settings, gated=gated),
+        "spec": _pod_spec(
+            job,
+            template,
+            name=name,
+            node=node,
+            settings=settings,
+            gated=gated,
+            resource=gpu_resource(job, gpu_type),
+        ),
     }
 
 
@@ -279,9 +289,10 @@ def _pod_spec(
     template: PodTemplate,
     *,
     name: str,
-    node: str,
+    node: str | None,
     settings: OperatorSettings,
     gated: bool,
+    resource: str,
 ) -> dict[str, Any]:
     """Elastra's pod spec with the template's allow-listed fields added."""
     extra = template.pod_spec()
@@ -297,7 +308,10 @@ def _pod_spec(
         "affinity": _affinity(node, extra.affinity),
         "tolerations": [*_tolerations(job, settings), *(t.to_wire() for t in extra.tolerations)],
         "securityContext": _pod_security_context(restricted=restricted),
-        "containers": [_worker_container(job, template.worker_additions(), settings), *sidecars],
+        "containers": [
+            _worker_container(job, template.worker_additions(), settings, resource=resource),
+            *sidecars,
+        ],
         "volumes": [*_elastra_volumes(job, settings), *(v.to_wire() for v in extra.volumes)],
     }
     if gated:
@@ -315,6 +329,18 @@ def _pod_spec(
     return spec
 
 
+def worker_constraints(job: TrainingJob, settings: OperatorSettings) -> PodConstraints:
+    """What kube-scheduler will read of the job's worker pods to judge a node (tolerations,
+    node selector, required node affinity, requests), from the very spec ``worker_pod``
+    builds, less the pin to a planned node: the planner's nodes are the scheduler's."""
+    template = job.spec.worker.template or PodTemplate()
+    spec = _pod_spec(
+        job, template, name=pod_name(job.metadata.name, 0), node=None, settings=settings,
+        gated=False, resource=gpu_resource(job, ""),
+    )  # fmt: skip
+    return PodConstraints.of_pod_spec(spec, where=f"the worker pods of {job.metadata.name}")
+
+
 def _tolerations(job: TrainingJob, settings: OperatorSettings) -> list[dict[str, Any]]:
     """The operator's configured tolerations, and the GPU taint's for GPU jobs."""
     tolerations = [t.to_wire() for t in settings.tolerations]
@@ -323,24 +349,30 @@ def _tolerations(job: TrainingJob, settings: OperatorSettings) -> list[dict[str,
     return tolerations
 
 
-def _affinity(node: str, extra: Affinity | None) -> dict[str, Any]:
-    """The pin to ``node``, ANDed into each of the template's required node terms.
+def _affinity(node: str | None, extra: Affinity | None) -> dict[str, Any]:
+    """The pin to ``node``, ANDed into each of the template's required node terms (no pin
+    when ``node`` is ``None``: the constraints the planner checks, see ``worker_constraints``).
 
     Node selector terms are ORed, so the pin cannot be one more term: each of the
     template's terms gets the pin added to its ``matchFields`` instead, which reads "the
-    planned node, and it matches one of the template's terms".
+    planned node, and it matches one of the template's terms". An empty template term
+    matches no node, so it stays empty: pinned, it would match the planned node.
     """
-    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    pin = [{"key": "metadata.name", "operator": "In", "values": [node]}] if node is not None else []
     node_affinity = (extra.node_affinity if extra else None) or NodeAffinity()
     required = node_affinity.required_during_scheduling_ignored_during_execution
-    terms = required.node_selector_terms if required else [{}]
-    pinned: dict[str, Any] = {
-        "requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [
-                {**term, "matchFields": [pin, *term.get("matchFields", [])]} for term in terms
-            ]
+    terms = required.node_selector_terms if required else ([{}] if pin else [])
+
+    def pinned_term(term: dict[str, Any]) -> dict[str, Any]:
+        if required and not (term.get("matchExpressions") or term.get("matchFields")):
+            return term
+        return {**term, "matchFields": [*pin, *term.get("matchFields", [])]}
+
+    pinned: dict[str, Any] = {}
+    if terms:
+        pinned["requiredDuringSchedulingIgnoredDuringExecution"] = {
+            "nodeSelectorTerms": [pinned_term(term) for term in terms]
         }
-    }
     if node_affinity.preferred_during_scheduling_ignored_during_execution:
         pinned["preferredDuringSchedulingIgnoredDuringExecution"] = list(
             node_affinity.preferred_during_scheduling_ignored_during_execution
@@ -394,16 +426,37 @@ def _container_security_context(*, worker: bool, restricted: bool) -> dict[str, 
     return context
 
 
+def gpu_resource(job: TrainingJob, gpu_type: str) -> str:
+    """The extended resource the job's pods request GPUs by on a node of ``gpu_type``: AMD's
+    ``amd.com/gpu`` or NVIDIA's ``nvidia.com/gpu``, as the catalog says of the type (the
+    inventory plans a type only on nodes that advertise its resource). With no type yet
+    (``""``: a Workload's pod template), the one resource of every type the job's
+    ``gpuTypes`` select, NVIDIA's when they span vendors."""
+    if gpu_type:
+        return resource_of(gpu_type)
+    patterns = job.spec.worker.gpu_types
+    selected = {
+        gpu.resource
+        for gpu in CATALOG
+        if not gpu.is_cpu and (not patterns or any(matches(p, gpu) for p in patterns))
+    }
+    return selected.pop() if len(selected) == 1 else NVIDIA_GPU
+
+
 def _worker_container(
-    job: TrainingJob, additions: TemplateContainer | None, settings: OperatorSettings
+    job: TrainingJob,
+    additions: TemplateContainer | None,
+    settings: OperatorSettings,
+    *,
+    resource: str,
 ) -> dict[str, Any]:
     """The trainer's container: spec.worker's fields, the template's additions, then Elastra's."""
     worker = job.spec.worker
     requests = dict(worker.resources.requests)
     limits = dict(worker.resources.limits)
     if worker.gpus:
-        requests["nvidia.com/gpu"] = str(worker.gpus)
-        limits["nvidia.com/gpu"] = str(worker.gpus)
+        requests[resource] = str(worker.gpus)
+        limits[resource] = str(worker.gpus)
     env: list[dict[str, Any]] = [{"name": e.name, "value": e.value} for e in worker.env]
     env += [e.to_wire() for e in (additions.env if additions and additions.env else ())]
     env += [

@@ -17,11 +17,11 @@ Rules (docs/architecture.md, "Cluster inventory"):
 - Network: ``elastra.dev/network-gbps`` (the node's NIC total, Gbit/s), else the catalog's
   default for the type.
 - Topology: ``topology.kubernetes.io/zone``, ``elastra.dev/block``, ``kubernetes.io/hostname``.
-- Not capacity: cordoned (``spec.unschedulable``), not Ready, or carrying a NoSchedule or
-  NoExecute taint that worker pods do not tolerate. Worker pods tolerate kwok's
-  ``kwok.x-k8s.io/node=fake:NoSchedule`` (simulated nodes) and ``nvidia.com/gpu`` taints
-  (Kubernetes' ExtendedResourceToleration admission adds that toleration to GPU pods).
-  Excluded nodes are listed with the reason, so a plan can say why capacity is missing.
+- Not capacity: not Ready. Excluded nodes are listed with the reason, so a plan can say why
+  capacity is missing.
+- What kube-scheduler reads of a node (labels, taints, cordon, allocatable) and what the pods
+  on it request ride along on each node (``facts``, ``used``): which nodes a given job's pods
+  may use is the scheduler's question, asked per job by ``eligibility.eligible``.
 """
 
 from __future__ import annotations
@@ -33,13 +33,41 @@ from dataclasses import dataclass
 from typing import Any, NewType
 
 from elastra.errors import UserError
-from elastra.planner.catalog import CPU_TYPE, GpuType, GpuTypeName, by_name, lookup
+from elastra.planner.catalog import (
+    AMD_GPU,
+    CPU_TYPE,
+    GPU_RESOURCES,
+    NVIDIA_GPU,
+    GpuType,
+    GpuTypeName,
+    by_name,
+    lookup,
+)
+from elastra.planner.providers import (
+    GPU_LABELS,
+    LABEL_GFD_PRODUCT,
+    LABEL_GPU_TYPE,
+    LABEL_MIG_CONFIG,
+    Identified,
+    identify,
+    mig_partitions,
+)
+from elastra.planner.resources import (
+    CPU,
+    NOTHING,
+    PODS,
+    Resources,
+    held_by,
+    resource_list,
+    rounded,
+    total,
+)
+from elastra.planner.scheduling import NodeFacts, taints_of
 
 NodeName = NewType("NodeName", str)
 
-GPU_RESOURCE = "nvidia.com/gpu"
-LABEL_PRODUCT = "nvidia.com/gpu.product"
-LABEL_GPU_TYPE = "elastra.dev/gpu-type"
+GPU_RESOURCE = NVIDIA_GPU
+LABEL_PRODUCT = LABEL_GFD_PRODUCT
 LABEL_BLOCK = "elastra.dev/block"
 LABEL_ZONE = "topology.kubernetes.io/zone"
 LABEL_HOSTNAME = "kubernetes.io/hostname"
@@ -49,13 +77,16 @@ ANN_MEMORY = "elastra.dev/gpu-memory-gib"
 ANN_INTERCONNECT = "elastra.dev/gpu-interconnect-gbps"
 ANN_PRICE = "elastra.dev/gpu-hourly-usd"
 
-TOLERATED_TAINTS: tuple[tuple[str, str | None], ...] = (
-    ("kwok.x-k8s.io/node", "fake"),
-    ("nvidia.com/gpu", None),
-)
-"""(key, value) of NoSchedule/NoExecute taints worker pods tolerate; None matches any value."""
-
 _FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+UNKNOWN_GPU_TYPE = "UnknownGpuType"
+"""Exclusion category (and Event reason): the node's GPUs have no type Elastra can plan with."""
+MIG_PARTITIONED = "MigPartitioned"
+"""Exclusion category (and Event reason): the node's GPUs are MIG partitions."""
+GPUS_NOT_ADVERTISED = "GpusNotAdvertised"
+"""Exclusion category: the labels name a GPU type, the device plugin advertises no GPU (yet)."""
+GPU_EXCLUSIONS = frozenset({UNKNOWN_GPU_TYPE, MIG_PARTITIONED, GPUS_NOT_ADVERTISED})
+"""The categories of nodes left out for what their GPUs are (shown by ``elastra status``)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +100,28 @@ class NodeCapacity:
     network_gbps: float
     zone: str
     block: str
+    facts: NodeFacts | None = None
+    """What kube-scheduler's filters read of the node; ``None`` for capacity made by hand
+    (benchmarks, calibration), which every pod may use."""
+    used: Resources = NOTHING
+    """What the pods counted on the node request, ``pods`` (their count) included."""
+
+    def holding(self, used: Resources) -> NodeCapacity:
+        """This node with ``used`` held by pods instead: free GPUs and CPU follow."""
+        if self.facts is None:
+            raise ValueError(f"node {self.name}: capacity made by hand has no allocatable")
+        allocatable = self.facts.allocatable
+        return dataclasses.replace(
+            self,
+            used=used,
+            free_gpus=0 if self.gpu_type.is_cpu else max(0, gpus(allocatable) - gpus(used)),
+            free_cpu_millis=max(0, allocatable.get(CPU) - used.get(CPU)),
+        )
+
+
+def gpus(resources: Resources) -> int:
+    """The GPUs among ``resources``, of whichever vendor's resource."""
+    return sum(resources.get(name) for name in GPU_RESOURCES)
 
 
 @dataclass(frozen=True)
@@ -77,6 +130,16 @@ class ExcludedNode:
 
     name: NodeName
     reason: str
+    category: str = ""
+    """One of the ``GPU_EXCLUSIONS`` for a node left out for its GPUs, else ""."""
+
+
+@dataclass(frozen=True)
+class NodeNote:
+    """Something a node's labels say that its capacity contradicts (the capacity wins)."""
+
+    name: NodeName
+    message: str
 
 
 @dataclass(frozen=True)
@@ -85,6 +148,7 @@ class Inventory:
 
     nodes: tuple[NodeCapacity, ...]
     excluded: tuple[ExcludedNode, ...] = ()
+    notes: tuple[NodeNote, ...] = ()
 
     def types(self) -> tuple[GpuType, ...]:
         """The distinct GPU types among schedulable nodes, sorted by name."""
@@ -116,19 +180,16 @@ def _is_node(item: Mapping[str, Any]) -> bool:
 def parse_inventory(
     nodes: Any,
     pods: Iterable[Mapping[str, Any]] = (),
-    *,
-    tolerated: Sequence[tuple[str, str | None]] = TOLERATED_TAINTS,
 ) -> Inventory:
     """Typed capacity from Node objects, less what running ``pods`` already request."""
-    used_gpus: dict[str, int] = {}
-    used_cpu: dict[str, int] = {}
+    held: dict[str, list[Resources]] = {}
     for pod in pods:
-        node_name, gpus, cpu = pod_usage(pod)
+        node_name, requests = held_by(pod)
         if node_name:
-            used_gpus[node_name] = used_gpus.get(node_name, 0) + gpus
-            used_cpu[node_name] = used_cpu.get(node_name, 0) + cpu
+            held.setdefault(node_name, []).append(requests)
     capacities: list[NodeCapacity] = []
     excluded: list[ExcludedNode] = []
+    notes: list[NodeNote] = []
     names: set[str] = set()
     for item in node_items(nodes):
         metadata = item.get("metadata") or {}
@@ -138,18 +199,29 @@ def parse_inventory(
         if name in names:
             raise UserError(f"node {name}: listed twice")
         names.add(name)
-        reason = _unschedulable_reason(item, tolerated)
+        reason = _not_ready_reason(item)
         if reason:
             excluded.append(ExcludedNode(NodeName(name), reason))
             continue
-        capacities.append(_capacity(item, name, used_gpus.get(name, 0), used_cpu.get(name, 0)))
+        used = total(held.get(name, ()))
+        parsed, note = _capacity(item, name, gpus(used), used.get(CPU))
+        if note:
+            notes.append(NodeNote(NodeName(name), note))
+        if isinstance(parsed, ExcludedNode):
+            excluded.append(parsed)
+        else:
+            capacities.append(with_facts(parsed, item, used))
     capacities.sort(key=lambda n: n.name)
     excluded.sort(key=lambda n: n.name)
     _check_consistent_types(capacities)
-    return Inventory(nodes=tuple(capacities), excluded=tuple(excluded))
+    return Inventory(nodes=tuple(capacities), excluded=tuple(excluded), notes=tuple(notes))
 
 
-def _capacity(item: Mapping[str, Any], name: str, used_gpus: int, used_cpu: int) -> NodeCapacity:
+def _capacity(
+    item: Mapping[str, Any], name: str, used_gpus: int, used_cpu: int
+) -> tuple[NodeCapacity | ExcludedNode, str]:
+    """The node's capacity, or why its GPUs leave it out; and a note where its labels disagree
+    with its capacity ("" when they agree)."""
     metadata = item.get("metadata") or {}
     labels: Mapping[str, str] = metadata.get("labels") or {}
     annotations: Mapping[str, str] = metadata.get("annotations") or {}
@@ -167,11 +239,21 @@ def _capacity(item: Mapping[str, Any], name: str, used_gpus: int, used_cpu: int)
             raise UserError(f"node {name}: {key}={raw!r} must be > 0")
         return value
 
-    gpus = _count(allocatable.get(GPU_RESOURCE, 0), f"node {name}", GPU_RESOURCE)
     cpu_millis = _cpu_millis(allocatable.get("cpu", 0), f"node {name}")
-    gpu_type = _gpu_type(name, labels, gpus=gpus, figure=figure)
-    network = figure(ANN_NETWORK) or gpu_type.node_network_gbps
-    return NodeCapacity(
+    devices = {r: _count(allocatable.get(r, 0), f"node {name}", r) for r in GPU_RESOURCES}
+    mig = mig_partitions(labels, allocatable)
+    if mig:
+        return _excluded(name, MIG_PARTITIONED, _mig_reason(mig)), ""
+    resource, gpus = max(devices.items(), key=lambda kv: kv[1])
+    if sum(devices.values()) != gpus:
+        shown = " and ".join(f"{n} {r}" for r, n in devices.items())
+        return _excluded(name, UNKNOWN_GPU_TYPE, f"advertises {shown}: one vendor per node"), ""
+    found = identify(labels)
+    gpu_type = _gpu_type(name, found, resource=resource, gpus=gpus, figure=figure)
+    if isinstance(gpu_type, ExcludedNode):
+        return gpu_type, ""
+    network = figure(ANN_NETWORK) or found.network_gbps or gpu_type.node_network_gbps
+    capacity = NodeCapacity(
         name=NodeName(name),
         gpu_type=gpu_type,
         free_gpus=max(0, gpus - used_gpus) if not gpu_type.is_cpu else 0,
@@ -180,32 +262,32 @@ def _capacity(item: Mapping[str, Any], name: str, used_gpus: int, used_cpu: int)
         zone=str(labels.get(LABEL_ZONE, "")),
         block=str(labels.get(LABEL_BLOCK, labels.get(LABEL_HOSTNAME, name))),
     )
+    return capacity, _count_note(found, resource=resource, gpus=gpus)
 
 
-def _gpu_type(name: str, labels: Mapping[str, str], *, gpus: int, figure: Any) -> GpuType:
-    label_key = LABEL_GPU_TYPE if LABEL_GPU_TYPE in labels else LABEL_PRODUCT
-    spelling = labels.get(label_key)
+def _gpu_type(
+    name: str, found: Identified, *, resource: str, gpus: int, figure: Any
+) -> GpuType | ExcludedNode:
+    """The type ``found`` names (or the node's own figures declare), or why there is none."""
     tflops: float | None = figure(ANN_TFLOPS)
     memory: float | None = figure(ANN_MEMORY)
-    if spelling is None:
-        if gpus == 0:
+    declared = tflops is not None and memory is not None
+    if gpus == 0:
+        if found.spelling is None:
             return by_name(CPU_TYPE)
-        if tflops is None or memory is None:
-            raise UserError(
-                f"node {name}: has {gpus} {GPU_RESOURCE} but no {LABEL_PRODUCT} or "
-                f"{LABEL_GPU_TYPE} label; label it with a catalog type, or annotate "
-                f"{ANN_TFLOPS} and {ANN_MEMORY}"
-            )
-        spelling = f"custom-{name}"
-    base = lookup(str(spelling))
+        return _excluded(
+            name,
+            GPUS_NOT_ADVERTISED,
+            f"{found.source} names GPU type {found.spelling} but status.allocatable has no "
+            f"{NVIDIA_GPU} or {AMD_GPU}: the device plugin has not registered its GPUs (yet)",
+        )
+    base = lookup(found.spelling) if found.spelling is not None else None
+    if base is None and not declared:
+        return _excluded(name, UNKNOWN_GPU_TYPE, _unknown_reason(found, resource, gpus))
     if base is None:
-        if tflops is None or memory is None:
-            raise UserError(
-                f"node {name}: unknown GPU type {spelling!r} in label {label_key}; use a "
-                f"catalog name (see `elastra.planner.catalog`), or annotate the node with "
-                f"{ANN_TFLOPS} and {ANN_MEMORY}"
-            )
-        base = _custom_type(str(spelling), gpus=gpus)
+        base = _custom_type(found.spelling or found.custom or f"custom-{name}", gpus=gpus)
+    if base.resource != resource:
+        return _excluded(name, UNKNOWN_GPU_TYPE, _resource_reason(base, resource))
     changes: dict[str, Any] = {}
     if tflops is not None:
         changes.update(bf16_tflops=tflops, fp16_tflops=tflops, fp32_tflops=tflops / 2)
@@ -218,6 +300,56 @@ def _gpu_type(name: str, labels: Mapping[str, str], *, gpus: int, figure: Any) -
     if price is not None:
         changes["hourly_usd"] = price
     return dataclasses.replace(base, **changes) if changes else base
+
+
+def _excluded(name: str, category: str, reason: str) -> ExcludedNode:
+    return ExcludedNode(NodeName(name), reason, category)
+
+
+def _unknown_reason(found: Identified, resource: str, gpus: int) -> str:
+    """Which labels were read and what to set, for a node whose GPUs have no known type."""
+    if found.spelling is not None:  # only Elastra's own label is never looked past
+        read = f"unknown GPU type {found.spelling!r} in label {found.source}"
+    elif found.read:
+        read = f"no known GPU type in {', '.join(found.read)}"
+    else:
+        read = f"none of the labels {', '.join(GPU_LABELS)}"
+    hint = f" ({found.hint})" if found.hint else ""
+    return (
+        f"{gpus} {resource} but {read}{hint}; label the node {LABEL_GPU_TYPE} with a "
+        f"catalog type (see `elastra.planner.catalog`), or annotate it with {ANN_TFLOPS} "
+        f"and {ANN_MEMORY}"
+    )
+
+
+def _resource_reason(gpu: GpuType, resource: str) -> str:
+    if lookup(gpu.name) is None:
+        return (
+            f"its GPUs are {resource}, and a type declared by a node's own figures is "
+            f"requested as {gpu.resource}: label it {LABEL_GPU_TYPE} with a catalog type"
+        )
+    return (
+        f"its GPUs are {resource}, but pods of GPU type {gpu.name} request {gpu.resource}; "
+        f"correct the node's {LABEL_GPU_TYPE} or product label"
+    )
+
+
+def _mig_reason(evidence: str) -> str:
+    return (
+        f"MIG partitions are not planned ({evidence}): Elastra places whole GPUs; disable "
+        f"MIG on this node ({LABEL_MIG_CONFIG}=all-disabled with NVIDIA's MIG manager) or "
+        f"give Elastra other nodes"
+    )
+
+
+def _count_note(found: Identified, *, resource: str, gpus: int) -> str:
+    """Where the instance type's GPU count and the device plugin's disagree ("" if not)."""
+    if found.count is None or not gpus or found.count == gpus:
+        return ""
+    return (
+        f"{found.count_source} has {found.count} GPUs but status.allocatable {resource} is "
+        f"{gpus}: planned with {gpus}, the device plugin's count"
+    )
 
 
 def _custom_type(spelling: str, *, gpus: int) -> GpuType:
@@ -250,27 +382,34 @@ def _check_consistent_types(nodes: Sequence[NodeCapacity]) -> None:
             )
 
 
-def _unschedulable_reason(
-    item: Mapping[str, Any], tolerated: Sequence[tuple[str, str | None]]
-) -> str:
+def with_facts(node: NodeCapacity, item: Mapping[str, Any], used: Resources) -> NodeCapacity:
+    """``node`` carrying what the scheduler reads of ``item`` (its Node object), ``used`` held."""
     spec = item.get("spec") or {}
-    if spec.get("unschedulable"):
-        return "cordoned (spec.unschedulable)"
+    allocatable = dict((item.get("status") or {}).get("allocatable") or {})
+    allocatable.setdefault(PODS, UNCOUNTED_PODS)
+    facts = NodeFacts(
+        name=str(node.name),
+        labels=dict((item.get("metadata") or {}).get("labels") or {}),
+        taints=taints_of(spec.get("taints")),
+        unschedulable=bool(spec.get("unschedulable")),
+        allocatable=rounded(resource_list(allocatable, f"node {node.name}: allocatable")),
+    )
+    return dataclasses.replace(node, facts=facts).holding(used)
+
+
+UNCOUNTED_PODS = 1_000_000
+"""The pod count of a node whose allocatable has none (a hand-written snapshot: a kubelet
+always reports one): not a limit."""
+
+
+def _not_ready_reason(item: Mapping[str, Any]) -> str:
+    """Why the node is not Ready ("" when it is): the one exclusion no toleration lifts."""
     conditions = (item.get("status") or {}).get("conditions") or []
     ready = next((c for c in conditions if c.get("type") == "Ready"), None)
     if ready is None:
         return "NotReady (no Ready condition)"
     if str(ready.get("status")) != "True":
         return f"NotReady (Ready={ready.get('status')})"
-    for taint in spec.get("taints") or []:
-        effect = taint.get("effect")
-        if effect not in {"NoSchedule", "NoExecute"}:
-            continue
-        key, value = taint.get("key"), taint.get("value")
-        if any(key == k and (v is None or value == v) for k, v in tolerated):
-            continue
-        shown = f"{key}={value}" if value else str(key)
-        return f"tainted {shown}:{effect}"
     return ""
 
 
@@ -304,7 +443,7 @@ def pod_usage(pod: Mapping[str, Any]) -> tuple[str, int, int]:
         init = max(amounts(spec.get("initContainers"), resource), default=0)
         return max(app, init)
 
-    return node, usage(GPU_RESOURCE), usage("cpu")
+    return node, sum(usage(resource) for resource in GPU_RESOURCES), usage("cpu")
 
 
 def _count(raw: Any, where: str, resource: str) -> int:

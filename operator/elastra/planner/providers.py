@@ -251,7 +251,10 @@ def identify(labels: Mapping[str, str]) -> Identified:
     if found is not None:
         spelling, source = found
         return Identified(spelling, source, count, count_source, network)
-    read = tuple(f"{key}={labels[key]!r}" for key in GPU_LABELS if key in labels)
+    shown = [k for k in GPU_LABELS if k in labels]
+    if LABEL_INSTANCE_TYPE in labels and LABEL_INSTANCE_TYPE_BETA in labels:
+        shown.remove(LABEL_INSTANCE_TYPE_BETA)  # the same value under its deprecated name
+    read = tuple(f"{key}={labels[key]!r}" for key in shown)
     custom = next((labels[k] for k in (LABEL_GPU_TYPE, *PRODUCT_LABELS) if k in labels), None)
     return Identified(
         None, count=count, count_source=count_source, read=read, custom=custom, hint=_hint(labels)

@@ -394,7 +394,11 @@ class _Search:
             )
         pools = pools[:MAX_MIX_TYPES]
         for size in range(1, len(pools) + 1):
-            yield from combinations(pools, size)
+            # One world's collectives run on one vendor's library (NCCL or RCCL): a mix never
+            # spans GPU resources (nvidia.com/gpu, amd.com/gpu).
+            yield from (
+                m for m in combinations(pools, size) if len({p.gpu.resource for p in m}) == 1
+            )
 
     def _tensor_options(self) -> list[int]:
         job, model = self.job, self.job.model

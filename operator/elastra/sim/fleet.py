@@ -140,11 +140,13 @@ def _fleet(data: Mapping[str, Any], lines: _Lines, *, source: str) -> Cluster:
             raise fail((*where, "prefix"), f"repeats prefix {prefix!r}")
         prefixes.add(prefix)
         if made:
+            field = "gpu.product" if "gpu" in group else "labels"
             try:
-                parse_inventory(made[:1])
+                unusable = [n for n in parse_inventory(made[:1]).excluded if n.category]
             except UserError as err:
-                field = "gpu.product" if "gpu" in group else "labels"
                 raise fail((*where, *field.split(".")), str(err)) from None
+            if unusable:  # a fleet's GPUs are the author's to name: a typo is an error here
+                raise fail((*where, *field.split(".")), unusable[0].reason)
         nodes.extend(made)
     return Cluster(name=name, inventory=parse_inventory(nodes))
 

@@ -23,6 +23,7 @@ from elastra.controller.manifests import (
     owner_reference,
     pod_name,
     slot_of,
+    worker_constraints,
     worker_pod,
 )
 from elastra.controller.settings import (
@@ -32,6 +33,7 @@ from elastra.controller.settings import (
     Toleration,
 )
 from elastra.errors import UserError
+from elastra.planner.scheduling import NodeFacts, PodConstraints, Taint, refusal
 from elastra_worker.assignment import Plan
 from tests.cases.specs import DELETE, FULL_TEMPLATE, apply_edits, base_manifest
 from tests.unit.test_helm_chart import restricted_violations
@@ -158,6 +160,29 @@ def test_worker_keeps_what_elastra_owns() -> None:
     assert worker["image"] == "elastra-worker:dev"
     assert worker["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     assert worker["ports"] == [{"name": "metrics", "containerPort": 9400}]
+
+
+@pytest.mark.parametrize(
+    ("gpu_type", "gpu_types", "resource"),
+    [
+        ("MI300X", ["MI300X", "H100"], "amd.com/gpu"),
+        ("H100-SXM-80GB", ["MI300X", "H100"], "nvidia.com/gpu"),
+        ("", ["MI300X"], "amd.com/gpu"),  # not planned yet (a Workload's pod template)
+        ("", ["MI300X", "H100"], "nvidia.com/gpu"),
+        ("", [], "nvidia.com/gpu"),
+    ],
+)
+def test_pods_request_gpus_by_their_planned_types_vendor(
+    gpu_type: str, gpu_types: list[str], resource: str
+) -> None:
+    body = apply_edits(base_manifest("gpt"), {"spec.worker.gpuTypes": gpu_types})
+    body["metadata"].update(namespace="team-a", uid="u-1")
+    pod = worker_pod(
+        parse_trainingjob(body), slot=0, node=NODE, gpu_type=gpu_type, assignment="{}",
+        version=1, settings=SETTINGS,
+    )  # fmt: skip
+    resources = container(pod, "worker")["resources"]
+    assert resources["limits"] == resources["requests"] == {resource: "8"}
 
 
 def test_required_node_terms_are_anded_with_the_pin() -> None:
@@ -450,3 +475,55 @@ def test_no_network_policy_when_switched_off() -> None:
 )
 def test_slot_of_reads_back_pod_name(pod: str, slot: int | None) -> None:
     assert slot_of("gpt", pod) == slot
+
+
+def job_of(edits: dict[str, Any]) -> Any:
+    body = apply_edits(base_manifest("gpt"), edits)
+    body["metadata"].update(namespace="team-a", uid="u-1")
+    return parse_trainingjob(body)
+
+
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+RACKS = {"key": "example.com/rack", "operator": "In", "values": ["r1", "r2"]}
+
+
+@pytest.mark.parametrize(
+    ("terms", "pinned_terms"),
+    [
+        ([{"matchExpressions": [RACKS]}, {"matchFields": []}], 1),  # an empty term stays empty
+        ([{"matchExpressions": [RACKS]}, {"matchExpressions": [RACKS]}], 2),
+    ],
+)
+def test_the_planner_judges_nodes_by_the_pods_own_constraints_less_the_pin(
+    terms: list[dict[str, Any]], pinned_terms: int
+) -> None:
+    """``worker_constraints`` and the pod the operator creates agree on every node: the pod's
+    pin leaves only the planned node, and there both say the same."""
+    template = copy.deepcopy(FULL_TEMPLATE)
+    required = template["spec"]["affinity"]["nodeAffinity"]
+    required["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] = terms
+    job = job_of({"spec.worker.template": template})
+    constraints = worker_constraints(job, SETTINGS)
+    pod = worker_pod(
+        job, slot=0, node=NODE, gpu_type="H100", assignment="{}", version=1, settings=SETTINGS
+    )
+    pinned = pod["spec"]["affinity"]["nodeAffinity"][REQUIRED]["nodeSelectorTerms"]
+    assert sum(bool(t.get("matchFields")) for t in pinned) == pinned_terms
+    unpinned = {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": terms}}}
+    assert constraints == PodConstraints.of_pod_spec({**pod["spec"], "affinity": unpinned})
+    assert constraints.requests.get("nvidia.com/gpu") == job.spec.worker.gpus
+    keys = {t.key for t in constraints.tolerations}
+    assert {"kwok.x-k8s.io/node", "nvidia.com/gpu", "example.com/dedicated"} <= keys
+    as_created = PodConstraints.of_pod_spec(pod["spec"])
+    labels = {"example.com/pool": "training", "example.com/rack": "r2"}
+    taints = (Taint("example.com/dedicated", "nlp", "NoSchedule"),)
+    for name, node_labels in [(NODE, labels), ("other", labels), (NODE, {}), ("other", {})]:
+        facts = NodeFacts(name=name, labels=node_labels, taints=taints)
+        planner_says = refusal(constraints, facts) == ""
+        assert (refusal(as_created, facts) == "") == (planner_says and name == NODE)
+
+
+def test_without_a_template_the_constraints_carry_elastras_tolerations_only() -> None:
+    constraints = worker_constraints(job_of({}), OperatorSettings())
+    assert constraints.required_terms is None and constraints.node_selector == ()
+    assert [t.key for t in constraints.tolerations] == ["nvidia.com/gpu"]

@@ -20,8 +20,10 @@ def node(
     labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
     cpu: str = "64",
+    resource: str = "nvidia.com/gpu",
 ) -> dict[str, Any]:
-    """One Node; ``product=None`` leaves the GPU product label off."""
+    """One Node; ``product=None`` leaves the GPU product label off; ``resource`` is what its
+    device plugin advertises the GPUs as."""
     all_labels = {"kubernetes.io/hostname": name, "topology.kubernetes.io/zone": zone}
     all_labels["elastra.dev/block"] = block
     if product is not None:
@@ -29,7 +31,7 @@ def node(
     all_labels.update(labels or {})
     allocatable: dict[str, str] = {"cpu": cpu, "memory": "512Gi"}
     if gpus:
-        allocatable["nvidia.com/gpu"] = str(gpus)
+        allocatable[resource] = str(gpus)
     spec: dict[str, Any] = {}
     if cordoned:
         spec["unschedulable"] = True
@@ -75,7 +77,12 @@ def fleet(**counts: int) -> Inventory:
         "mi300x": "AMD-Instinct-MI300X",
     }
     nodes = [
-        node(f"{kind}-{i}", product=products[kind], block=f"{kind}-block")
+        node(
+            f"{kind}-{i}",
+            product=products[kind],
+            block=f"{kind}-block",
+            resource="amd.com/gpu" if kind == "mi300x" else "nvidia.com/gpu",
+        )
         for kind, count in sorted(counts.items())
         for i in range(count)
     ]

@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 
 from elastra.planner import JobRequirements, ModelShape, parse_inventory, plan_job
+from elastra.planner.catalog import by_name
 from elastra.planner.inventory import Inventory
 
 from .nodes import fleet, node, node_list
@@ -55,6 +56,15 @@ def test_gpu_types_restriction_is_honoured() -> None:
     result = plan_job(job(gpu_types=("A100",), heterogeneous=True), hetero_example())
     assert {s.gpu_type for p in result.plans for s in p.types} == {"A100-SXM-80GB"}
     assert any(r.category == "constraint" for r in result.rejections)
+
+
+def test_a_mix_never_spans_gpu_vendors() -> None:
+    """NCCL and RCCL do not talk to each other: H100 and MI300X replicas never share a world,
+    while H100 and A100 (one vendor) still mix."""
+    plans = plan_job(job(heterogeneous=True), fleet(h100=2, a100=2, mi300x=2), top_k=10).plans
+    resources = [{by_name(s.gpu_type).resource for s in p.types} for p in plans]
+    assert plans and all(len(r) == 1 for r in resources)
+    assert any(len(p.types) > 1 for p in plans)
 
 
 def test_manual_mode_fixes_tensor_and_pipeline() -> None:
