@@ -582,8 +582,8 @@ class TemplatePodSpec(ApiModel):
         default_factory=dict,
         max_length=32,
         description=(
-            "Node labels the planned node must carry. Merged into the pod; the planner does "
-            "not read it yet, so a planned node without them leaves the pod Pending."
+            "Node labels the planned node must carry. Merged into the pod; the planner "
+            "plans only on nodes that carry them."
         ),
     )
     tolerations: list[Toleration] = Field(

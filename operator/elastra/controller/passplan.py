@@ -55,7 +55,7 @@ from elastra.controller.conditions import (
     merge_conditions,
     phase_of,
 )
-from elastra.controller.manifests import selector, worker_pod
+from elastra.controller.manifests import selector, worker_constraints, worker_pod
 from elastra.controller.observe import (
     PodFacts,
     WorkerProgress,
@@ -85,6 +85,7 @@ from elastra.elastic.resize import (
 from elastra.elastic.share import NO_CLASSES, Priorities
 from elastra.elastic.workers import NodeName, PodName, WorkerState, WorkerView
 from elastra.errors import UserError
+from elastra.planner.scheduling import PodConstraints
 
 JsonDict = Mapping[str, Any]
 MAX_RESIZE_HISTORY = 20
@@ -227,9 +228,11 @@ def _running(
     permanent = _permanent_failure(job, facts)
     if permanent is not None:
         return _fail(job, facts, now, reason=ConditionReason.PERMANENT_FAILURE, message=permanent)
+    constraints = worker_constraints(job, settings)
     inventory = cluster_inventory(
-        obs.nodes, obs.cluster_pods, own_job=job.metadata.name, extra=obs.reserved
-    )
+        obs.nodes, obs.cluster_pods, own_job=job.metadata.name, extra=obs.reserved,
+        pod=constraints,
+    )  # fmt: skip
     ctx = _Pass(
         job=job,
         facts=facts,
@@ -241,7 +244,9 @@ def _running(
         progress=obs.progress,
     )
     placement, backoff_left = _placement(ctx)
-    impossible = _impossible(job, obs.nodes) if placement.reason and not facts else None
+    impossible = (
+        _impossible(job, obs.nodes, constraints) if placement.reason and not facts else None
+    )
     desired = sharing.desired(
         job,
         facts,
@@ -687,15 +692,18 @@ def _template_pod(job: TrainingJob, settings: OperatorSettings) -> dict[str, Any
     )
 
 
-def _impossible(job: TrainingJob, nodes: Sequence[JsonDict]) -> str | None:
-    """Why waiting cannot help (no node of an allowed GPU type at all), or ``None``.
+def _impossible(
+    job: TrainingJob, nodes: Sequence[JsonDict], constraints: PodConstraints
+) -> str | None:
+    """Why waiting cannot help (no node of an allowed GPU type among the nodes the job's pods
+    may use), or ``None``.
 
     A job whose types exist but whose GPUs are all taken, or that asks for more GPUs than
     exist, is admitted and waits Degraded: capacity may come (nodes added, jobs finishing,
     other elastic jobs giving back). One asking for a type the cluster has no node of is not
     admitted until such a node appears.
     """
-    return type_mismatch(job, cluster_inventory(nodes, []))
+    return type_mismatch(job, cluster_inventory(nodes, [], pod=constraints))
 
 
 def _progress(
