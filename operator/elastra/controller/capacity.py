@@ -144,6 +144,12 @@ class _Usage:
     by_job: Mapping[str, Mapping[str, Resources]]
 
 
+def node_inventory(nodes: Sequence[JsonDict]) -> Inventory:
+    """Every listed node parsed, before any pod: the Ready nodes' capacity and why the others
+    are left out (once per listing, the same parse every pass shares)."""
+    return _NODES.get(nodes, _parse_nodes)
+
+
 def _parse_nodes(nodes: Sequence[JsonDict]) -> Inventory:
     # Items of a list response carry no ``kind``; the planner's parser wants one.
     node_list = [{**node, "kind": "Node"} for node in nodes]

@@ -2,8 +2,9 @@
 and liveness.
 
 The informers (nodes, pods, TrainingJobs, PriorityClasses; see ``snapshot``) run as tasks
-beside Kopf and wake the job loops; Kopf runs the Workload handler, peering and the liveness
-endpoint.
+beside Kopf and wake the job loops and the node warnings (``nodewarnings``: a Warning Event,
+once, on a Node whose GPUs cannot be planned with); Kopf runs the Workload handler, peering
+and the liveness endpoint.
 
 Kopf's own watch streams log in with the same credentials as Elastra's API client (a login
 handler hands Kopf the connection ``elastra.kube.config`` loaded), so the operator never
@@ -32,6 +33,7 @@ from prometheus_client import start_http_server
 from elastra.controller import metrics
 from elastra.controller.handlers import Runtime, register
 from elastra.controller.leader import LeaderElector, identity
+from elastra.controller.nodewarnings import NodeWarnings
 from elastra.controller.progress import ProgressReader
 from elastra.controller.settings import OperatorSettings
 from elastra.controller.snapshot import ClusterSnapshot
@@ -103,6 +105,9 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
         asyncio.create_task(i.run(), name=f"informer {i.path}") for i in snapshot.informers
     ]
     informing.append(asyncio.create_task(_tell_synced(snapshot), name="caches synced"))
+    warnings = NodeWarnings(kube=kube, snapshot=snapshot, leader=leader)
+    warnings.listen()
+    informing.append(asyncio.create_task(warnings.run(), name="node warnings"))
     registry = kopf.OperatorRegistry()
     register(registry)
     _register_login(registry, options.connection)

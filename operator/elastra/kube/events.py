@@ -21,6 +21,9 @@ How the request count stays at one per event:
 
 client-go also folds many similar events with different messages into one and rate-limits
 events per object; Elastra's events are few per pass, so it does neither.
+
+Events on Nodes (``record_node_event``: a node whose GPUs cannot be planned with) are not
+counted: each is recorded once, by create alone, under a name derived from what it says.
 """
 
 from __future__ import annotations
@@ -226,3 +229,42 @@ async def record_event(
     return await recorder_for(kube).record(
         kube, job, kind=kind, reason=reason, message=message, now=now
     )
+
+
+NODE_EVENTS_NAMESPACE = "default"
+"""Where events about Nodes (cluster-scoped) live, as the kubelet's do."""
+
+
+async def record_node_event(
+    kube: Kube,
+    node: str,
+    *,
+    kind: str,
+    reason: str,
+    message: str,
+    now: datetime | None = None,
+) -> JsonDict | None:
+    """A core/v1 Event on the Node ``node``, recorded once: its name is derived from what it
+    says, so recording it again (another pass, an operator restart) creates nothing and
+    returns ``None``. ``kubectl describe node`` shows it: the reference carries the node's
+    name as its uid, the kubelet's convention that describe looks up."""
+    message = message[:MESSAGE_LIMIT]
+    key = EventKey(NODE_EVENTS_NAMESPACE, node, "Node", reason, f"{kind}\0{message}")
+    name = event_name(node, key)
+    stamp = _stamp(now or datetime.now(UTC))
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": NODE_EVENTS_NAMESPACE},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+        "type": kind,
+        "reason": reason,
+        "message": message,
+        "source": {"component": SOURCE_COMPONENT},
+        "reportingComponent": REPORTING_COMPONENT,
+        "reportingInstance": SOURCE_COMPONENT,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+    return await kube.create(events_path(NODE_EVENTS_NAMESPACE), body)
