@@ -2,7 +2,10 @@
 
 What ``kubectl describe`` would show if it knew what a world, a plan and a placement are:
 the phase and world, the plan, where each pod runs (by node and GPU type), conditions, the
-latest resizes and recent events. Exit 0 when the job exists, 2 when it does not.
+latest resizes and recent events, and the cluster's nodes whose GPUs no job can be planned on
+(a type no label names, MIG partitions, GPUs not advertised yet) with the reason: a job
+waiting for GPUs the cluster seems to have is often waiting for those. Read only: it gets the
+job and lists its events and the nodes. Exit 0 when the job exists, 2 when it does not.
 """
 
 from __future__ import annotations
@@ -11,13 +14,16 @@ import argparse
 import asyncio
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from elastra.api import TrainingJob, parse_trainingjob
 from elastra.errors import UserError
 from elastra.kube import resources
-from elastra.kube.client import Kube
+from elastra.kube.client import ApiError, Kube
 from elastra.kube.config import Connection, load_connection
+from elastra.planner import parse_inventory
+from elastra.planner.inventory import GPU_EXCLUSIONS, ExcludedNode
 
 
 def register(sub: Any) -> None:
@@ -39,27 +45,54 @@ def run(args: argparse.Namespace) -> int:
     """Fetch the job and its events and print them."""
     connection = load_connection(args.kubeconfig, context=args.context)
     namespace = args.namespace or connection.namespace
-    raw, events = asyncio.run(_fetch(connection, namespace, args.name))
+    raw, events, nodes = asyncio.run(_fetch(connection, namespace, args.name))
     if raw is None:
         raise UserError(f"trainingjob {namespace}/{args.name} not found")
+    unusable = unusable_nodes(nodes) if not isinstance(nodes, str) else nodes
     if args.output == "json":
-        print(json.dumps({"trainingJob": raw, "events": events}, indent=2))
+        shown: Any = unusable
+        if not isinstance(unusable, str):
+            shown = [{"name": n.name, "category": n.category, "reason": n.reason} for n in unusable]
+        print(json.dumps({"trainingJob": raw, "events": events, "unusableNodes": shown}, indent=2))
         return 0
-    print(render(parse_trainingjob(raw), events))
+    print(render(parse_trainingjob(raw), events, unusable=unusable))
     return 0
 
 
 async def _fetch(
     connection: Connection, namespace: str, name: str
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]] | str]:
+    """The job, its events and every node (or why the nodes could not be listed)."""
     async with Kube(connection) as kube:
         raw = await resources.get_job(kube, namespace, name)
-        events = await resources.list_events(kube, namespace, name) if raw else []
-        return raw, events
+        if raw is None:
+            return None, [], []
+        events = await resources.list_events(kube, namespace, name)
+        try:
+            nodes: list[dict[str, Any]] | str = await resources.list_nodes(kube)
+        except ApiError as err:  # e.g. a user allowed to read jobs, not nodes
+            nodes = f"{err.status} {err.reason}: {err.message}"
+        return raw, events, nodes
 
 
-def render(job: TrainingJob, events: list[dict[str, Any]]) -> str:
-    """The human summary (pure, so it is tested without a cluster)."""
+def unusable_nodes(nodes: Sequence[dict[str, Any]]) -> list[ExcludedNode] | str:
+    """The nodes left out for their GPUs, by the planner's own reading of them (or why the
+    nodes could not be read)."""
+    try:  # items of a list response carry no kind; the parser wants one
+        inventory = parse_inventory([{**node, "kind": "Node"} for node in nodes])
+    except UserError as err:
+        return str(err)
+    return [n for n in inventory.excluded if n.category in GPU_EXCLUSIONS]
+
+
+def render(
+    job: TrainingJob,
+    events: list[dict[str, Any]],
+    *,
+    unusable: Sequence[ExcludedNode] | str = (),
+) -> str:
+    """The human summary (pure, so it is tested without a cluster). ``unusable``: the nodes
+    left out for their GPUs, or why the nodes could not be read."""
     status, spec = job.status, job.spec
     world = status.world
     lines = [
@@ -108,4 +141,9 @@ def render(job: TrainingJob, events: list[dict[str, Any]]) -> str:
             f"{e.get('reason', ''):<20} {e.get('message', '')}"
             for e in events[-10:]
         ]
+    if isinstance(unusable, str):
+        lines.append(f"Nodes: not read ({unusable})")
+    elif unusable:
+        lines.append(f"Nodes whose GPUs no job is planned on ({len(unusable)}):")
+        lines += [f"  {n.name}: {n.reason}" for n in unusable]
     return "\n".join(lines)

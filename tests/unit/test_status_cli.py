@@ -1,0 +1,49 @@
+"""``elastra status`` lists the nodes whose GPUs no job is planned on, as the planner reads
+them, and says so when the nodes cannot be read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from elastra.api import TrainingJob, parse_trainingjob
+from elastra.commands.status import render, unusable_nodes
+from tests.cases.specs import base_manifest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "clusters"
+
+
+def job() -> TrainingJob:
+    body = base_manifest("gpt")
+    body["metadata"].update(namespace="team-a", uid="u-1")
+    return parse_trainingjob(body)
+
+
+def test_nodes_left_out_for_their_gpus_are_listed_with_the_reason() -> None:
+    """As the API lists them (items without a kind): the MIG, unknown and not-yet-advertised
+    GPU nodes, not the NotReady one (its GPUs are fine) nor any usable node."""
+    items = yaml.safe_load((FIXTURES / "mixed.yaml").read_text())["items"]
+    for item in items:
+        item.pop("kind")
+    unusable = unusable_nodes(items)
+    assert not isinstance(unusable, str)
+    assert [n.name for n in unusable] == [
+        "dgx-a100-mig-0",
+        "dgx-a100-mig-1",
+        "gpu-unlabelled-0",
+        "ip-10-9-4-17.ec2.internal",
+        "ws-rtx4090-0",
+    ]
+    text = render(job(), [], unusable=unusable)
+    section = text.split("Nodes whose GPUs no job is planned on (5):\n", 1)[1].splitlines()
+    assert section[0].startswith("  dgx-a100-mig-0: MIG partitions are not planned")
+    assert section[4].startswith("  ws-rtx4090-0: 8 nvidia.com/gpu but no known GPU type in")
+
+
+def test_no_section_when_every_gpu_node_is_usable_and_a_line_when_nodes_are_unreadable() -> None:
+    items = yaml.safe_load((FIXTURES / "gke-a2.yaml").read_text())["items"]
+    assert unusable_nodes(items) == []
+    assert "Nodes" not in render(job(), [], unusable=[])
+    forbidden = "403 Forbidden: nodes is forbidden"
+    assert render(job(), [], unusable=forbidden).endswith(f"Nodes: not read ({forbidden})")
