@@ -147,6 +147,10 @@ def test_shares_default_to_even_split() -> None:
         ({"rank": 4}, "exceeds worldSize"),
         ({"masterPort": 0}, "masterPort"),
         ({"consistency": "exact"}, "consistency"),
+        ({"precision": "fp8"}, "precision: expected one of ('bf16', 'fp16', 'fp32'), got 'fp8'"),
+        ({"gpus": -1}, "gpus: must be >= 0, got -1"),
+        ({"gpus": True}, "gpus: expected an integer"),
+        ({"gpus": 5000}, "gpus: 5000 is above the bound 1024"),
         ({"globalBatchSize": 30}, "batchShares: sums to 32"),
         ({"worldVersion": "3"}, "worldVersion: expected an integer"),
         ({"stop": 1}, "stop: expected bool"),
@@ -184,6 +188,26 @@ def test_shares_default_to_even_split() -> None:
 def test_bad_fields_are_named(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(AssignmentError, match=re.escape(message)):
         parse_assignment(wire(**changes))
+
+
+@pytest.mark.parametrize(
+    ("changes", "precision", "gpus"),
+    [
+        ({"precision": "bf16", "gpus": 8}, "bf16", 8),
+        ({"precision": "fp16", "gpus": 0}, "fp16", 0),
+        ({}, "fp32", 0),  # an operator from before the fields: fp32 on whatever device
+    ],
+)
+def test_precision_and_gpus_travel_and_default_to_what_was_before(
+    changes: dict[str, Any], precision: str, gpus: int
+) -> None:
+    a = parse_assignment(wire(**changes))
+    assert (a.precision, a.gpus) == (precision, gpus)
+    assert (json.loads(a.to_json())["precision"], json.loads(a.to_json())["gpus"]) == (
+        precision,
+        gpus,
+    )
+    assert parse_assignment(a.to_json()) == a
 
 
 def test_checkpoint_path_is_normalised() -> None:
@@ -238,3 +262,5 @@ def test_from_env_uses_torchrun_variables() -> None:
     assert a.checkpoint.path == str(Path("checkpoints").resolve())  # relative: from the cwd
     with pytest.raises(AssignmentError, match="WORLD_SIZE"):
         assignment_from_env({"WORLD_SIZE": "two"})
+    a = assignment_from_env({**env, "ELASTRA_PRECISION": "bf16", "ELASTRA_POD_GPUS": "2"})
+    assert (a.precision, a.gpus) == ("bf16", 2)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from elastra_worker.assignment import parse_assignment
 from elastra_worker.lifeline import PARENT_PID_ENV
@@ -29,7 +30,7 @@ EXAMPLE = REPO / "examples" / "torchrun_ddp.py"
 def test_torchrun_env_is_torchruns_for_each_local_rank() -> None:
     wire = {"job": "gpt", "worldVersion": 7, "rank": 4, "worldSize": 8, "localWorldSize": 2,
             "masterAddr": "gpt-w-0.gpt", "masterPort": 29507, "globalBatchSize": 64,
-            "checkpoint": {"path": "/ckpt/gpt"}}  # fmt: skip
+            "checkpoint": {"path": "/ckpt/gpt"}, "precision": "bf16", "gpus": 2}  # fmt: skip
     a = parse_assignment(wire)
     base = {"PATH": "/bin", "TORCHELASTIC_USE_AGENT_STORE": "True", "ELASTRA_MAX_RESTARTS": "3",
             "ELASTRA_ASSIGNMENT_JSON": "{}", "ELASTRA_CONTROL_DIR": "/ctl"}  # fmt: skip
@@ -42,8 +43,29 @@ def test_torchrun_env_is_torchruns_for_each_local_rank() -> None:
         "TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_MAX_RESTARTS": "3",
         "TORCHELASTIC_RUN_ID": "gpt", "ELASTRA_CHECKPOINT_DIR": "/ckpt/gpt",
         "ELASTRA_WORLD_VERSION": "7", "ELASTRA_GLOBAL_BATCH_SIZE": "64", "ELASTRA_JOB": "gpt",
-        PARENT_PID_ENV: str(os.getpid()),
+        "ELASTRA_PRECISION": "bf16", "ELASTRA_POD_GPUS": "2", PARENT_PID_ENV: str(os.getpid()),
     }  # fmt: skip
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine whose torch sees no GPU")
+def test_a_gpu_pod_without_gpus_never_starts_the_script(tmp_path: Path) -> None:
+    """The wrapper checks the pod's GPUs before it execs the script: exit 2 and the line."""
+    message = tmp_path / "termination-log"
+    message.touch()
+    env = {**quiet_env(), "ELASTRA_POD_GPUS": "1", "ELASTRA_TERMINATION_LOG": str(message)}
+    out = subprocess.run(
+        [sys.executable, "-m", "elastra_worker.torchrun", "echo", "started"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "started" not in out.stdout
+    assert message.read_text().startswith("worker.gpus is 1 but ")
+    env["ELASTRA_POD_GPUS"] = "0"  # a CPU pod: no check, no torch import
+    out = subprocess.run(
+        [sys.executable, "-m", "elastra_worker.torchrun", "echo", "started"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert (out.returncode, out.stdout) == (0, "started\n")
 
 
 def test_a_job_on_object_storage_tells_the_script_its_uri() -> None:

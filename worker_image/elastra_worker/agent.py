@@ -41,6 +41,7 @@ from .control import CONTROL_DIR_ENV, ControlDir
 from .cpushare import with_threads
 from .lifeline import PARENT_PID_ENV
 from .standby import warm_command
+from .termination import report_permanent
 from .torchrun import Launch, cold_command, torchrun_env
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class Agent:
         try:
             return self._loop()
         except AssignmentError as err:
-            log.error("bad assignment: %s", err)
+            report_permanent(f"bad assignment: {err}")  # the job's condition shows it
             self._set_state(phase="failed", error=str(err))
             return exitcodes.CONFIG
         finally:

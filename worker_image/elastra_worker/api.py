@@ -24,6 +24,11 @@ gradient as one big batch. In ``bitwise`` mode each logical share's gradient is 
 the shares are summed in share order by a chain through the ranks (rank r adds its shares to the
 partial sum of ranks < r), so the sum is the same float computation at every world size.
 
+The job's ``training.precision`` is applied here too (``precision.py``): ``micro.sync`` runs the
+forward under autocast (bf16 or fp16), a sharded ``prepare`` gathers FSDP parameters in that
+dtype and reduces gradients in fp32, and fp16 gets a GradScaler of the session's own
+(checkpointed) unless the script registers one. Parameters and optimizer state stay fp32.
+
 The step loop agrees on every decision (stop, checkpoint) with one small all-reduce per step, so
 all ranks stop at the same step even though each pod sees the new assignment at its own time.
 The checkpoint is taken when the loop body returns to ``batches()``, after whatever the script
@@ -86,7 +91,8 @@ from .assignment import Assignment, assignment_from_env, parse_assignment
 from .checkpoint import Checkpointer
 from .control import CONTROL_DIR_ENV, ControlDir, TrainerStatus
 from .dataorder import DataOrder, Share, rank_shares
-from .exitcodes import CONFIG, RETRYABLE
+from .devices import GpuCheckError, trainer_device
+from .exitcodes import RETRYABLE
 from .faults import Faults
 from .layout import (
     CheckpointError,
@@ -98,8 +104,10 @@ from .layout import (
 from .lifeline import arm_from_env
 from .mesh import Mesh, build_mesh, needs_mesh
 from .objectstore import ObjectCheckpointRoot
+from .precision import apply_tf32, autocast, grad_scaler
 from .sampling import RankSlice, StepLoader, StepSampler
 from .stalls import StallWatch
+from .termination import exit_permanent
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +124,8 @@ BeforeUpdate = Callable[[list[nn.Parameter]], None]
 _OBJECT_KEY = "objects/"
 _USER_STATE_KEY = "user_state"
 _RNG_KEY = "rng/rank{}"
+SCALER_NAME = "gradScaler"
+"""The name an fp16 job's loss scaler is checkpointed under (when the script registers none)."""
 
 
 class Stateful(Protocol):
@@ -173,7 +183,13 @@ class Micro:
 
     @contextlib.contextmanager
     def sync(self, model: nn.Module) -> Iterator[None]:
-        """Wrap forward and backward: skips the wrapper's gradient sync on all but the last."""
+        """Wrap forward and backward: the job's precision (``Session.autocast``) for the
+        forward, and no gradient sync by the wrapper on all but the last micro-batch."""
+        with self._session.autocast(), self._no_sync(model):
+            yield
+
+    @contextlib.contextmanager
+    def _no_sync(self, model: nn.Module) -> Iterator[None]:
         if self.is_last or self._session.consistency == "bitwise":
             yield
         elif isinstance(model, DistributedDataParallel | FullyShardedDataParallel):
@@ -239,9 +255,13 @@ class Session:
                 f"consistency bitwise is data parallel only (plan {self.plan.label}, sharding "
                 f"{self.plan.sharding}): use consistency data for tensor, pipeline or sharded plans"
             )
+        self.precision = assignment.precision
+        """``training.precision``: what forward and backward compute in (``precision.py``)."""
         if device is None:
-            use_cuda = torch.cuda.is_available() and os.environ.get("ELASTRA_DEVICE") != "cpu"
-            device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+            try:
+                device = trainer_device(assignment.gpus, local_rank)
+            except GpuCheckError as err:  # a GPU pod that cannot see its GPUs: never on CPU
+                exit_permanent(str(err))
         self.device = device
         self.control = control
         self.step_log = step_log
@@ -273,6 +293,7 @@ class Session:
         self._prev_sigterm: Any = None
         self._objects: dict[str, Stateful] = {}
         self._scaler: torch.amp.GradScaler | None = None
+        self._scaled = False  # the step's backward went through the scaler
         self._restore_called = False
         self._in_update = False
         self._decided: Decisions | None = None
@@ -342,6 +363,10 @@ class Session:
             torch.set_num_threads(int(threads))
         elif self.consistency == "bitwise":
             torch.set_num_threads(1)  # the same intra-op split in every world
+        try:
+            apply_tf32()
+        except ValueError as err:
+            exit_permanent(str(err))
         self._prev_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         a = self.assignment
         store = dist.TCPStore(  # type: ignore[attr-defined]  # exported, not declared
@@ -377,8 +402,7 @@ class Session:
         try:
             root.probe()  # an unusable root fails the job now (permanent), not at the first save
         except UnusableRootError as err:
-            log.error("%s", err)
-            raise SystemExit(CONFIG) from None
+            exit_permanent(str(err))
         except CheckpointError as err:  # storage out of reach for now: a new world retries
             log.error("%s", err)
             raise SystemExit(RETRYABLE) from None
@@ -391,13 +415,14 @@ class Session:
             after_write=self.faults.in_save,
         )
         log.info(
-            "rank %d/%d joined world version %d (%s, plan %s, consistency %s)",
+            "rank %d/%d joined world version %d (%s, plan %s, consistency %s, precision %s)",
             self.rank,
             self.world_size,
             a.world_version,
             backend,
             self.plan.label,
             self.consistency,
+            self.precision,
         )
 
     def _gloo_group(self) -> dist.ProcessGroup:
@@ -462,7 +487,7 @@ class Session:
         elif self.plan.sharding != "none" and not _is_fsdp(model):
             from .parallel.fsdp import apply_fsdp  # noqa: PLC0415 - only sharded plans need it
 
-            apply_fsdp(model, self.mesh.sub("dp"), self.plan.sharding)
+            apply_fsdp(model, self.mesh.sub("dp"), self.plan.sharding, precision=self.precision)
         elif not _averaging_wrapper(model):
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = DistributedDataParallel(model, device_ids=ids)
@@ -472,6 +497,41 @@ class Session:
     def adopt(self, parts: Sequence[nn.Module]) -> None:
         """Register modules already parallelized for this plan (one per pipeline stage held)."""
         self._parts = list(parts)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The job's precision for a forward pass and its loss: ``torch.autocast`` to bf16 or
+        fp16, nothing at fp32 (see ``elastra_worker.precision``).
+
+        ``micro.sync(model)`` enters it, so a loop that runs its forward there needs nothing
+        more; wrap a forward that runs elsewhere (an evaluation) in ``with sess.autocast():``.
+        """
+        return autocast(self.precision, self.device)
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` as backward must see it: times the GradScaler's scale (fp16), else as is.
+
+        ``micro.backward`` calls it; a loop that runs backward itself (a pipeline schedule's
+        loss function) calls it on the loss it returns.
+        """
+        scaler = self._scaler
+        if scaler is None or not scaler.is_enabled():
+            return loss
+        self._scaled = True
+        return scaler.scale(loss)
+
+    @property
+    def grad_scaler(self) -> torch.amp.GradScaler | None:
+        """The loss scaler in use: the registered one, an fp16 job's own (after ``restore``)."""
+        return self._scaler
+
+    def _ensure_scaler(self) -> None:
+        """fp16 without a registered GradScaler: the session's own, checkpointed as others."""
+        if self._scaler is not None:
+            return
+        scaler = grad_scaler(self.precision, self.device)
+        if scaler is not None:
+            self._scaler = scaler
+            self._objects[SCALER_NAME] = scaler
 
     # ---- registered state -------------------------------------------------------------------
 
@@ -483,7 +543,7 @@ class Session:
         register state that is the same on every rank (``user_state`` likewise). A registered
         GradScaler is also used by the session: the loss is scaled for backward, gradients are
         unscaled before ``before_update``, and the step goes through ``scaler.step`` and
-        ``scaler.update``.
+        ``scaler.update``. An fp16 job that registers none gets one anyway (``SCALER_NAME``).
         """
         if self._restore_called:
             raise RuntimeError(
@@ -494,6 +554,8 @@ class Session:
             raise ValueError(f"register: name {name!r} must be non-empty without '/' or '.'")
         if name in self._objects:
             raise ValueError(f"register: {name!r} is already registered")
+        if name == SCALER_NAME and not isinstance(obj, torch.amp.GradScaler):
+            raise ValueError(f"register: the name {name!r} is kept for the loss scaler")
         if not callable(getattr(obj, "state_dict", None)) or not callable(
             getattr(obj, "load_state_dict", None)
         ):
@@ -608,6 +670,7 @@ class Session:
         DCP reshards it to this rank's shards.
         """
         self._bind(model, optimizer)
+        self._ensure_scaler()
         self._restore_called = True
         ckpt = self._require_checkpointer()
         manifest = ckpt.find_loadable()
@@ -674,6 +737,7 @@ class Session:
                     f"consistency {a.consistency} cannot hold; use the original values"
                 )
         self._total = total_steps
+        self._ensure_scaler()
         if total_steps is not None and self._step >= total_steps:
             self._done = True
             return
@@ -686,6 +750,7 @@ class Session:
             )
             self._current = StepBatch(self, k, samples, shares)
             self._share_grads = []
+            self._scaled = False
             self._loss_sum = torch.zeros((), dtype=torch.float64)
             yield self._current
             if self._current is not None:
@@ -790,7 +855,8 @@ class Session:
 
     def _backward(self, micro: Micro, loss: torch.Tensor) -> None:
         weighted = loss * self.loss_weight(len(micro))
-        torch.autograd.backward(weighted if self._scaler is None else self._scaler.scale(weighted))
+        with torch.autocast(self.device.type, enabled=False):  # backward outside autocast
+            torch.autograd.backward(self.scale_loss(weighted))
         self.add_loss(loss, len(micro))
         if self.consistency == "bitwise":
             self._keep_share_grad(loss, len(micro))
@@ -895,15 +961,14 @@ class Session:
         self._in_update = True
         try:
             if scaler is not None:
-                if scaler.is_enabled() and scaler._scale is None:
+                if scaler.is_enabled() and not self._scaled:
                     raise RuntimeError(
-                        "a registered GradScaler scales the loss in micro.backward(); this "
-                        "step's backward did not go through it (parallel_model's train_step "
-                        "does not support a GradScaler yet)"
+                        "the GradScaler scales the loss in micro.backward() (or "
+                        "session.scale_loss()); this step's backward did not go through it"
                     )
+                self._agree_found_inf(scaler)
                 for opt in self._optimizers:
                     scaler.unscale_(opt)
-                    self._agree_found_inf(scaler, opt)
             if self.before_update is not None:
                 self.before_update(self._params())
         finally:
@@ -917,18 +982,34 @@ class Session:
         if scaler is not None:
             scaler.update()
 
-    def _agree_found_inf(self, scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer) -> None:
+    def _agree_found_inf(self, scaler: torch.amp.GradScaler) -> None:
         """Sharded, tensor or pipeline plans: skip the step everywhere if any shard overflowed.
 
         Each rank sees only its shards' gradients, so one rank may find an inf that another
-        does not; without agreement some ranks would step and others skip (what FSDP's
-        ShardedGradScaler does for FSDP1, done here for every plan with a mesh).
+        does not; without agreement some ranks would step and others skip, and their loss
+        scales would part. So before ``unscale_`` looks, the world agrees (one all-reduce)
+        whether any rank's gradients hold an inf or a nan, and if so every rank puts an inf
+        into one gradient of each of its optimizers: each scaler then skips the step and backs
+        off alike (the gradients are dropped with the skipped step). Public API only, so it
+        holds for any GradScaler, FSDP's ShardedGradScaler included.
         """
         if not scaler.is_enabled() or not needs_mesh(self.plan):
             return
-        found = scaler._per_optimizer_states[id(opt)]["found_inf_per_device"]
-        for flag in found.values():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        per_opt = [
+            [_local(p.grad) for g in opt.param_groups for p in g["params"] if p.grad is not None]
+            for opt in self._optimizers
+        ]
+        grads = [g for opt_grads in per_opt for g in opt_grads]
+        peak = torch.nn.utils.get_total_norm(grads, math.inf) if grads else torch.zeros(())
+        found = (~torch.isfinite(peak)).to(device=self.device, dtype=torch.float32).reshape(1)
+        dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        if not bool(found.item()):
+            return
+        with torch.no_grad():
+            for opt_grads in per_opt:
+                filled = next((g for g in opt_grads if g.numel() > 0), None)
+                if filled is not None:
+                    filled.fill_(math.inf)
 
     def _agree(self, known_loss: float | None) -> Decisions:
         """One all-reduce carries the loss and every vote, so all ranks decide alike."""
@@ -964,6 +1045,7 @@ class Session:
             "worldSize": self.world_size,
             "worldVersion": self.assignment.world_version,
             "plan": self.plan.label,
+            "precision": self.precision,
             "loss": loss,
             "samples": sorted(batch.samples),
         }

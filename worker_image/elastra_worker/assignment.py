@@ -15,7 +15,7 @@ Format (``elastra.dev/v1alpha1``, kind ``Assignment``)::
      "globalBatchSize": 32, "consistency": "none", "seed": 0,
      "checkpoint": {"path": "/ckpt", "intervalSeconds": 300, "keep": 3, "intervalSteps": 0,
                     "uri": "s3://bucket/prefix"},
-     "stopAtStep": null, "stop": false}
+     "stopAtStep": null, "stop": false, "precision": "bf16", "gpus": 1}
 
 ``rank`` and ``worldSize`` count trainer processes (pods x ``localWorldSize``); ``rank`` is the
 global rank of the pod's first trainer. ``worldSize: 0`` (or no file at all) means the pod is in
@@ -27,6 +27,11 @@ world stops on its own (checkpoint, exit 0) so a planned resize lands on an exac
 instead of ``path``. The operator leaves out the ``plan`` and ``checkpoint`` fields that hold
 the value a reader assumes when they are absent (``tp: 1``, ``keep: 3``, ...: see
 ``_PLAN_DEFAULTS``); the top-level fields are always written.
+
+``precision`` (``training.precision``: bf16, fp16 or fp32) is the arithmetic the trainer
+computes in, and ``gpus`` (``worker.gpus``; 0 on a CPU pod) the GPUs the pod was given, which
+the trainer must see or stop (``elastra_worker.devices``). An assignment without them (an
+operator from before they existed) means fp32 on whatever device there is, as it did then.
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ API_VERSION = "elastra.dev/v1alpha1"
 KIND = "Assignment"
 DEFAULT_ASSIGNMENT_FILE = "/etc/elastra/assignment"
 ASSIGNMENT_FILE_ENV = "ELASTRA_ASSIGNMENT_FILE"
+PRECISION_ENV = "ELASTRA_PRECISION"
+"""The job's precision for a script run without the assignment (torchrun mode sets it)."""
+POD_GPUS_ENV = "ELASTRA_POD_GPUS"
+"""The pod's GPUs for a script run without the assignment (torchrun mode sets it)."""
 
 Consistency = Literal["none", "data", "bitwise"]
 CONSISTENCIES: tuple[Consistency, ...] = ("none", "data", "bitwise")
@@ -51,6 +60,12 @@ Recompute = Literal["none", "selective", "full"]
 RECOMPUTES: tuple[Recompute, ...] = ("none", "selective", "full")
 Schedule = Literal["gpipe", "1f1b", "interleaved1f1b"]
 SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved1f1b")
+Precision = Literal["bf16", "fp16", "fp32"]
+PRECISIONS: tuple[Precision, ...] = ("bf16", "fp16", "fp32")
+DEFAULT_PRECISION: Precision = "fp32"
+"""What an assignment without ``precision`` means: what every trainer computed in before."""
+MAX_GPUS = 1024
+"""Bound on ``gpus`` (far above any node's GPU count)."""
 
 
 MAX_RANKS = 65536
@@ -174,6 +189,9 @@ class Assignment:
     seed: int = 0
     stop: bool = False
     stop_at_step: int | None = None
+    precision: Precision = DEFAULT_PRECISION
+    gpus: int = 0
+    """GPUs of this pod (``worker.gpus``); 0: a CPU pod."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -272,6 +290,8 @@ def to_wire(a: Assignment) -> dict[str, Any]:
         "checkpoint": _without_defaults(checkpoint, _CHECKPOINT_DEFAULTS),
         "stopAtStep": a.stop_at_step,
         "stop": a.stop,
+        "precision": a.precision,
+        "gpus": a.gpus,
     }
 
 
@@ -521,6 +541,12 @@ def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
     consistency = _get(data, "consistency", str, "", "none")
     if consistency not in CONSISTENCIES:
         raise AssignmentError(f"consistency: expected one of {CONSISTENCIES}, got {consistency!r}")
+    precision = _get(data, "precision", str, "", DEFAULT_PRECISION)
+    if precision not in PRECISIONS:
+        raise AssignmentError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    gpus = _nonneg(_get(data, "gpus", int, "", 0), "gpus")
+    if gpus > MAX_GPUS:
+        raise AssignmentError(f"gpus: {gpus} is above the bound {MAX_GPUS}")
     ckpt_raw = _get(data, "checkpoint", dict, "", {})
     checkpoint = CheckpointSpec(
         path=_checkpoint_path(ckpt_raw),
@@ -545,6 +571,8 @@ def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
             checkpoint=checkpoint,
             consistency=consistency,
             stop=stop,
+            precision=precision,
+            gpus=gpus,
         )
     if not checkpoint.path and not checkpoint.uri:
         raise AssignmentError("checkpoint.path: required for a pod in a world (or checkpoint.uri)")
@@ -574,7 +602,7 @@ def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
     known = {
         "apiVersion", "kind", "job", "worldVersion", "rank", "worldSize", "masterAddr",
         "masterPort", "localWorldSize", "plan", "globalBatchSize", "consistency", "seed",
-        "checkpoint", "stop", "stopAtStep",
+        "checkpoint", "stop", "stopAtStep", "precision", "gpus",
     }  # fmt: skip
     return Assignment(
         job=job,
@@ -591,6 +619,8 @@ def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
         seed=_get(data, "seed", int, "", 0),
         stop=stop,
         stop_at_step=stop_at,
+        precision=precision,
+        gpus=gpus,
         extra={k: v for k, v in data.items() if k not in known},
     )
 
@@ -630,10 +660,10 @@ def assignment_from_env(environ: Mapping[str, str] = os.environ) -> Assignment:
 
     ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` (torchrun's names), plus
     ``ELASTRA_JOB``, ``ELASTRA_GLOBAL_BATCH_SIZE``, ``ELASTRA_MICRO_BATCH_SIZE``,
-    ``ELASTRA_CONSISTENCY``, ``ELASTRA_SEED``, ``ELASTRA_CHECKPOINT_DIR``,
+    ``ELASTRA_CONSISTENCY``, ``ELASTRA_PRECISION``, ``ELASTRA_SEED``, ``ELASTRA_CHECKPOINT_DIR``,
     ``ELASTRA_CHECKPOINT_INTERVAL_SECONDS``, ``ELASTRA_CHECKPOINT_URI`` (checkpoints in an
-    object store instead of the directory) and ``ELASTRA_LOCAL_WORLD_SIZE``. A relative
-    checkpoint directory is taken from the current directory.
+    object store instead of the directory), ``ELASTRA_LOCAL_WORLD_SIZE`` and
+    ``ELASTRA_POD_GPUS``. A relative checkpoint directory is taken from the current directory.
     """
 
     def num(name: str, default: int) -> int:
@@ -660,6 +690,8 @@ def assignment_from_env(environ: Mapping[str, str] = os.environ) -> Assignment:
             "plan": {"dp": world, "microBatchSize": num("ELASTRA_MICRO_BATCH_SIZE", 1)},
             "globalBatchSize": batch,
             "consistency": environ.get("ELASTRA_CONSISTENCY", "none"),
+            "precision": environ.get(PRECISION_ENV) or DEFAULT_PRECISION,
+            "gpus": num(POD_GPUS_ENV, 0),
             "seed": num("ELASTRA_SEED", 0),
             "checkpoint": {
                 "path": os.path.abspath(environ.get("ELASTRA_CHECKPOINT_DIR", "checkpoints")),

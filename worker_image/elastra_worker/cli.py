@@ -16,7 +16,13 @@ from pathlib import Path
 
 from . import exitcodes
 from .agent import Agent, AgentConfig
-from .assignment import AssignmentError, assignment_from_env, assignment_path
+from .assignment import (
+    DEFAULT_PRECISION,
+    PRECISIONS,
+    AssignmentError,
+    assignment_from_env,
+    assignment_path,
+)
 from .faults import Chaos
 from .launcher import MAX_FAILED_WORLDS, LaunchError, LocalJob, LocalLauncher, parse_fault
 from .lifeline import arm_from_env
@@ -91,6 +97,7 @@ def _local(args: argparse.Namespace, command: list[str]) -> int:
         checkpoint_dir=Path(args.checkpoint_dir).resolve(),
         log_file=Path(args.log).resolve(),
         consistency=args.consistency,
+        precision=args.precision,
         global_batch_size=args.global_batch_size,
         micro_batch_size=args.micro_batch_size,
         seed=args.seed,
@@ -167,6 +174,13 @@ def _add_local(loc: argparse.ArgumentParser) -> None:
     loc.add_argument("--checkpoint-dir", required=True, help="the job's checkpoint root")
     loc.add_argument("--log", required=True, help="JSON lines, one per step, from rank 0")
     loc.add_argument("--consistency", choices=("none", "data", "bitwise"), default="none")
+    loc.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=DEFAULT_PRECISION,
+        help="what the trainers compute in, as a TrainingJob's training.precision "
+        "(default %(default)s; bf16 and fp16 autocast run on the CPU too)",
+    )
     loc.add_argument("--fail", help="RANK@STEP: SIGKILL that rank's trainer during that step")
     loc.add_argument("--fail-in-save", help="RANK@STEP: SIGKILL it while saving that step")
     loc.add_argument(

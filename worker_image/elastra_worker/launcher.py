@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import exitcodes
-from .assignment import API_VERSION, KIND, Consistency, plan_to_wire
+from .assignment import API_VERSION, DEFAULT_PRECISION, KIND, Consistency, Precision, plan_to_wire
 from .faults import CHAOS_ENV, KILL_AT_STEP_ENV, KILL_IN_SAVE_ENV
 from .lifeline import PARENT_PID_ENV
 from .schedule import Segment, plan_for
@@ -116,6 +116,7 @@ class LocalJob:
     checkpoint_dir: Path
     log_file: Path
     consistency: Consistency = "none"
+    precision: Precision = DEFAULT_PRECISION
     global_batch_size: int = 32
     micro_batch_size: int = 2
     seed: int = 0
@@ -240,6 +241,7 @@ class LocalLauncher:
                     },
                     "stopAtStep": seg.stop_at_step,
                     "stop": False,
+                    "precision": j.precision,
                 },
             )
 

@@ -103,7 +103,7 @@ class ParallelModel:
         model = self.parts[0]
         for micro in batch:
             tokens, targets = data(micro.samples)
-            with micro.sync(model):
+            with micro.sync(model):  # the job's precision (autocast) for forward and loss
                 micro.backward(self.recipe.loss_fn(model(tokens), targets))
 
     def _pipeline_step(self, batch: StepBatch, data: Callable[[Sequence[int]], Batch]) -> None:
@@ -112,9 +112,12 @@ class ParallelModel:
         losses: list[torch.Tensor] = []
         args = (tokens,) if self.first_stage else ()
         target = targets if self.last_stage else None
-        self.schedule.step(*args, target=target, losses=losses)
+        with self.session.autocast():
+            self.schedule.step(*args, target=target, losses=losses)
         mbs = self.session.plan.micro_batch_size
-        weight = self.session.loss_weight(mbs)
+        scaler = self.session.grad_scaler
+        scale = scaler.get_scale() if scaler is not None and scaler.is_enabled() else 1.0
+        weight = self.session.loss_weight(mbs) * scale  # what the loss function multiplied in
         for loss in losses:
             self.session.add_loss(loss.detach() / weight, mbs)
 
@@ -155,7 +158,7 @@ def _stage_module(
         recipe.tensor_parallel(module, session.mesh.sub("tp"))
     apply_recompute(module, plan.recompute)
     if plan.sharding != "none":
-        apply_fsdp(module, session.mesh.sub("dp"), plan.sharding)
+        apply_fsdp(module, session.mesh.sub("dp"), plan.sharding, precision=session.precision)
     return module
 
 
@@ -171,7 +174,8 @@ def _attach_pipeline(model: ParallelModel, held: list[int], num_stages: int) -> 
     weight = session.loss_weight(plan.micro_batch_size)
 
     def weighted(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return model.recipe.loss_fn(output, target) * weight
+        # fp16: times the GradScaler's scale too; _pipeline_step divides both out again
+        return session.scale_loss(model.recipe.loss_fn(output, target) * weight)
 
     group = session.mesh.sub("pp").get_group()
     stages = make_pipeline_stages(

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .cpushare import requested_threads
 from .lifeline import arm_from_env
+from .torchrun import check_pod_gpus
 
 PRELOAD = (
     "torch",
@@ -67,6 +68,7 @@ def main() -> None:
     threads = requested_threads(os.environ)
     if threads is not None:  # torch read the variable at import, before the order came
         importlib.import_module("torch").set_num_threads(threads)
+    check_pod_gpus(os.environ)  # torchrun mode's check (a Session checks for itself)
     argv: list[str] = order["argv"]
     sys.stdin.close()
     if argv[0] == "-m":

@@ -19,6 +19,10 @@ Differences from torchrun, on purpose:
 
 Started cold, the script runs through ``python -m elastra_worker.torchrun CMD...``, which asks
 the kernel to kill it with the agent (a plain script cannot arm that itself) and then execs CMD.
+In a pod given GPUs (``ELASTRA_POD_GPUS``) it first checks that they are usable
+(``devices.require_gpus``) and exits with the permanent code and the one-line reason if not;
+a warm start does the same check in ``standby.py``. The script owns its precision: Elastra
+passes ``training.precision`` as ``ELASTRA_PRECISION`` and casts nothing itself.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import sys
 from collections.abc import Mapping
 from typing import Literal
 
-from .assignment import Assignment
+from .assignment import POD_GPUS_ENV, PRECISION_ENV, Assignment
 from .lifeline import PARENT_PID_ENV, arm_from_env
 
 Launch = Literal["elastra", "torchrun"]
@@ -62,8 +66,10 @@ def torchrun_env(
 ) -> dict[str, str]:
     """The environment of local rank ``local_rank`` of world ``a``, as torchrun would set it.
 
-    Plus ``ELASTRA_CHECKPOINT_DIR`` (where to checkpoint), ``ELASTRA_WORLD_VERSION`` and
-    ``ELASTRA_GLOBAL_BATCH_SIZE`` (to keep the global batch fixed across world sizes).
+    Plus ``ELASTRA_CHECKPOINT_DIR`` (where to checkpoint), ``ELASTRA_WORLD_VERSION``,
+    ``ELASTRA_GLOBAL_BATCH_SIZE`` (to keep the global batch fixed across world sizes),
+    ``ELASTRA_PRECISION`` (``training.precision``: the script applies it) and
+    ``ELASTRA_POD_GPUS`` (the pod's GPUs, checked before the script starts).
     """
     env = {k: v for k, v in base.items() if k not in _DROPPED}
     rank = a.rank + local_rank
@@ -88,6 +94,8 @@ def torchrun_env(
             "ELASTRA_WORLD_VERSION": str(a.world_version),
             "ELASTRA_GLOBAL_BATCH_SIZE": str(a.global_batch_size),
             "ELASTRA_JOB": a.job,
+            PRECISION_ENV: a.precision,
+            POD_GPUS_ENV: str(a.gpus),
             PARENT_PID_ENV: str(os.getpid()),
         }
     )
@@ -101,13 +109,31 @@ def cold_command(command: list[str]) -> list[str]:
     return [sys.executable, "-m", "elastra_worker.torchrun", *command]
 
 
+def check_pod_gpus(environ: Mapping[str, str]) -> None:
+    """A pod given GPUs (``ELASTRA_POD_GPUS``) that cannot use them exits here: permanent.
+
+    Only then is torch imported (the agent, which imports this module, never is).
+    """
+    raw = environ.get(POD_GPUS_ENV, "")
+    if not raw.isdigit() or int(raw) == 0:
+        return
+    from .devices import GpuCheckError, require_gpus  # noqa: PLC0415 - torch, GPU pods only
+    from .termination import exit_permanent  # noqa: PLC0415
+
+    try:
+        require_gpus(int(raw), environ)
+    except GpuCheckError as err:
+        exit_permanent(str(err), environ)
+
+
 def main() -> None:
-    """Arm die-with-parent, then become the user's command (the pid stays the same)."""
+    """Arm die-with-parent, check the pod's GPUs, then become the user's command (same pid)."""
     argv = sys.argv[1:]
     if not argv:
         print("usage: python -m elastra_worker.torchrun CMD [ARGS...]", file=sys.stderr)
         sys.exit(2)
     arm_from_env()
+    check_pod_gpus(os.environ)
     try:
         os.execvp(argv[0], argv)
     except OSError as err:

@@ -7,7 +7,9 @@ ffnHiddenSize, attentionHeads, kvHeads, vocabSize, sequenceLength), or from ``$E
 assignment gives: tensor, pipeline and (sharded) data parallel, with recomputation. Data are
 generated tokens by default (no download), or a token file (``--tokens``: flat int32 tokens).
 Under the operator or the local launcher it resizes and changes plans like any Session script:
-every new world restores the newest checkpoint, resharded to the new layout.
+every new world restores the newest checkpoint, resharded to the new layout. It computes in the
+job's ``training.precision`` (the Session's autocast, FSDP policy and fp16 loss scaler), and a
+pod given GPUs trains on them or exits 2 saying why (the Session's device check).
 
 A TrainingJob with a ``model`` section runs it as it is: ``python3 -m elastra_worker.train``.
 """
@@ -31,6 +33,7 @@ from .api import Session
 from .exitcodes import CONFIG
 from .models.llama import ModelConfig, ModelConfigError, TokenFile, make_batch
 from .parallel_model import Batch, build_parallel, llama_recipe
+from .termination import report_permanent
 
 log = logging.getLogger("elastra_worker.train")
 MODEL_ENV = "ELASTRA_MODEL"
@@ -106,7 +109,13 @@ def train(args: argparse.Namespace, cfg: ModelConfig) -> int:
         ]
         start = sess.restore(model.parts, opts)
         if sess.rank == 0:
-            log.info("step %d, world %d, plan %s", start, sess.world_size, sess.plan.label)
+            log.info(
+                "step %d, world %d, plan %s, precision %s",
+                start,
+                sess.world_size,
+                sess.plan.label,
+                sess.precision,
+            )
         data = _data(args, cfg, sess)
         for batch in sess.batches(dataset_size=args.dataset_size, total_steps=args.steps):
             model.train_step(batch, data)
@@ -127,12 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_model(args.model)
     except (OSError, ModelConfigError) as err:
         where = f"--model {args.model}" if args.model else f"${MODEL_ENV}"
-        print(f"elastra_worker.train: {where}: {err}", file=sys.stderr)
+        report_permanent(f"elastra_worker.train: {where}: {err}")
         return CONFIG
     try:
         return train(args, cfg)
     except ModelConfigError as err:
-        print(f"elastra_worker.train: the plan does not fit the model: {err}", file=sys.stderr)
+        report_permanent(f"elastra_worker.train: the plan does not fit the model: {err}")
         return CONFIG
 
 

@@ -5,6 +5,10 @@ block's compute), and the module itself is the root unit for the embedding, fina
 head. ``optimizer`` keeps the gathered parameters from forward to backward (no second
 all-gather; gradients and optimizer state are still sharded), ``full`` frees them after
 forward (ZeRO-3: least memory, one more all-gather per block in backward).
+
+``precision`` sets FSDP2's ``MixedPrecisionPolicy`` (``elastra_worker.precision``): at bf16 or
+fp16 the units gather their parameters in that dtype and reduce gradients in fp32, while the
+sharded parameters the optimizer steps stay fp32.
 """
 
 from __future__ import annotations
@@ -13,11 +17,14 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
-from elastra_worker.assignment import SHARDINGS, Sharding
+from elastra_worker.assignment import SHARDINGS, Precision, Sharding
 from elastra_worker.models.llama import blocks
+from elastra_worker.precision import fsdp_policy
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, sharding: Sharding) -> None:
+def apply_fsdp(
+    model: nn.Module, dp_mesh: DeviceMesh, sharding: Sharding, *, precision: Precision = "fp32"
+) -> None:
     """Shard ``model`` (whole model or one pipeline stage) over the 1-D ``dp_mesh``, in place.
 
     Call after tensor parallelism (then ``dp_mesh`` is the data-parallel sub-mesh of the 2-D
@@ -29,6 +36,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, sharding: Sharding) -> Non
     if sharding == "none":
         return
     reshard = sharding == "full"
+    policy = fsdp_policy(precision)
     for block in blocks(model).values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
