@@ -77,8 +77,6 @@ ANN_MEMORY = "elastra.dev/gpu-memory-gib"
 ANN_INTERCONNECT = "elastra.dev/gpu-interconnect-gbps"
 ANN_PRICE = "elastra.dev/gpu-hourly-usd"
 
-_FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
-
 UNKNOWN_GPU_TYPE = "UnknownGpuType"
 """Exclusion category (and Event reason): the node's GPUs have no type Elastra can plan with."""
 MIG_PARTITIONED = "MigPartitioned"
@@ -411,39 +409,6 @@ def _not_ready_reason(item: Mapping[str, Any]) -> str:
     if str(ready.get("status")) != "True":
         return f"NotReady (Ready={ready.get('status')})"
     return ""
-
-
-def pod_usage(pod: Mapping[str, Any]) -> tuple[str, int, int]:
-    """(node name, GPUs, CPU millicores) a pod holds; nothing for finished or unbound pods."""
-    spec = pod.get("spec") or {}
-    phase = (pod.get("status") or {}).get("phase")
-    node = str(spec.get("nodeName") or "")
-    if not node or phase in _FINISHED_PHASES:
-        return "", 0, 0
-    name = str((pod.get("metadata") or {}).get("name", "?"))
-
-    def amounts(containers: Any, resource: str) -> list[int]:
-        found = []
-        for container in containers or []:
-            resources = container.get("resources") or {}
-            requested = (resources.get("requests") or {}).get(resource)
-            if requested is None:
-                requested = (resources.get("limits") or {}).get(resource)
-            if requested is None:
-                found.append(0)
-            elif resource == "cpu":
-                found.append(_cpu_millis(requested, f"pod {name}"))
-            else:
-                found.append(_count(requested, f"pod {name}", resource))
-        return found
-
-    def usage(resource: str) -> int:
-        # Init containers run before the app containers: a pod holds the larger of the two.
-        app = sum(amounts(spec.get("containers"), resource))
-        init = max(amounts(spec.get("initContainers"), resource), default=0)
-        return max(app, init)
-
-    return node, sum(usage(resource) for resource in GPU_RESOURCES), usage("cpu")
 
 
 def _count(raw: Any, where: str, resource: str) -> int:
