@@ -23,10 +23,11 @@ from typing import Any
 
 from elastra.controller.manifests import ANNOTATION_NODE, LABEL_JOB
 from elastra.controller.memo import LastOf, LastOfAll, PerKeyOf, PerObject
+from elastra.controller.placeholders import requester
 from elastra.errors import UserError
 from elastra.planner import Inventory, parse_inventory
 from elastra.planner.eligibility import fitted, refused
-from elastra.planner.inventory import ExcludedNode, NodeCapacity, NodeName
+from elastra.planner.inventory import ExcludedNode, NodeCapacity, NodeName, NodeNote
 from elastra.planner.resources import NOTHING, Resources, held_by, total
 from elastra.planner.scheduling import PodConstraints
 
@@ -190,9 +191,10 @@ def _held_by(pod: JsonDict) -> tuple[str, Resources, str]:
 
     A job's own pods are capacity it may plan with again, except pods being deleted: they
     hold their node's CPU and GPUs until they are gone, so the scheduler would refuse their
-    replacements (a grown world then retried forever, "Insufficient cpu")."""
+    replacements (a grown world then retried forever, "Insufficient cpu"). So are the nodes
+    its capacity-request pods hold (``placeholders``): they were asked for it."""
     deleting = (pod.get("metadata") or {}).get("deletionTimestamp")
-    job = "" if deleting else _labels(pod).get(LABEL_JOB, "")
+    job = "" if deleting else _labels(pod).get(LABEL_JOB) or requester(pod) or ""
     return (*_usage_of(pod), job)
 
 
@@ -212,6 +214,7 @@ _VIEWS: PerKeyOf[PodConstraints, _Left] = PerKeyOf()
 def _inventory_node_by_node(nodes: Sequence[JsonDict]) -> Inventory:
     good: list[NodeCapacity] = []
     excluded: list[ExcludedNode] = []
+    notes: list[NodeNote] = []
     for node in nodes:
         try:
             parsed = parse_inventory([node])
@@ -221,9 +224,11 @@ def _inventory_node_by_node(nodes: Sequence[JsonDict]) -> Inventory:
             continue
         good.extend(parsed.nodes)
         excluded.extend(parsed.excluded)
+        notes.extend(parsed.notes)
     return Inventory(
         nodes=tuple(sorted(good, key=lambda n: n.name)),
         excluded=tuple(sorted(excluded, key=lambda n: n.name)),
+        notes=tuple(sorted(notes, key=lambda n: n.name)),
     )
 
 

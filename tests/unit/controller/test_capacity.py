@@ -145,3 +145,14 @@ def test_each_job_view_is_built_once_per_listing_and_adjusted_per_pass() -> None
     own = cluster_inventory(nodes, pods, own_job="a", pod=pod)
     assert {n.name: n.free_gpus for n in own.nodes} == {"n1": 4, "n2": 4, "n3": 4}
     assert own.nodes[1] is first.nodes[1], "only the job's own nodes are rebuilt"
+
+
+def test_a_node_that_does_not_parse_is_left_out_alone_with_the_others_notes_kept() -> None:
+    short = node("a", gpus=4)
+    short["metadata"]["labels"] = {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+    broken = node("b")
+    broken["status"]["allocatable"]["cpu"] = "lots"
+    inventory = cluster_inventory([short, broken], [])
+    assert [n.name for n in inventory.nodes] == ["a"]
+    assert [(e.name, "cpu='lots'" in e.reason) for e in inventory.excluded] == [("b", True)]
+    assert [n.name for n in inventory.notes] == ["a"]
