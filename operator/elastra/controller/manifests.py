@@ -84,6 +84,20 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 """Set on every namespace by the API server (1.22+): selects the operator's namespace by name."""
 
 
+GRACE_ENV = "ELASTRA_GRACE_SECONDS"
+"""The agent's stop deadline after SIGTERM (``elastra-worker run --grace``), from the pod's."""
+GRACE_MARGIN_SECONDS = 15
+"""What the agent leaves of the pod's grace period for itself: to kill trainers that did not
+finish their checkpoint (and its upload) in time, and exit before the kubelet's SIGKILL."""
+
+
+def agent_grace_seconds(pod_grace: int) -> int:
+    """The agent's deadline for the pod's ``terminationGracePeriodSeconds``: all of it but the
+    margin (a quarter of a short grace period), so a checkpoint on eviction or a spot
+    reclaim has what the pod was given, not the agent's old constant 25 s."""
+    return max(1, pod_grace - min(GRACE_MARGIN_SECONDS, max(1, pod_grace // 4)))
+
+
 def pod_name(job: str, slot: int) -> str:
     """The stable name of a worker slot."""
     return f"{job}-w{slot}"
@@ -143,6 +157,8 @@ def assignment_json(
         consistency=spec.training.consistency.value,
         seed=spec.training.seed,
         stop=stop,
+        precision=spec.training.precision.value,
+        gpus=spec.worker.gpus,
     ).to_json()
 
 
@@ -480,7 +496,8 @@ def _worker_container(
         model = json.dumps(job.spec.model.to_wire(), sort_keys=True)
         env.append({"name": "ELASTRA_MODEL", "value": model})
     named = {e["name"] for e in env}
-    env += [{"name": k, "value": v} for k, v in SCRATCH_ENV if k not in named]
+    grace = (GRACE_ENV, str(agent_grace_seconds(settings.termination_grace_seconds)))
+    env += [{"name": k, "value": v} for k, v in (*SCRATCH_ENV, grace) if k not in named]
     mounts = [
         {"name": "assignment", "mountPath": ASSIGNMENT_DIR, "readOnly": True},
         {"name": "checkpoints", "mountPath": job.spec.checkpoint.path},

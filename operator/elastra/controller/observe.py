@@ -47,6 +47,9 @@ class PodFacts:
     exit_code: int | None
     leader: bool = False
     """Labelled as its world's rank 0 (``LABEL_LEADER``)."""
+    exit_message: str = ""
+    """The worker container's termination message, one line: why it failed for good (a
+    worker that exits with the permanent code writes it, ``elastra_worker.termination``)."""
 
     @property
     def name(self) -> PodName:
@@ -159,6 +162,7 @@ def pod_facts(
         gated=gated,
         exit_code=view.exit_code,
         leader=labels.get(LABEL_LEADER) == "true",
+        exit_message=exit_message(terminated),
     )
 
 
@@ -168,6 +172,24 @@ def _terminated(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
         if terminated:
             return dict(terminated)
     return None
+
+
+MAX_EXIT_MESSAGE = 512
+"""Characters of a termination message kept: it becomes part of a condition's message."""
+
+
+def exit_message(terminated: Mapping[str, Any] | None) -> str:
+    """The last non-empty line of a terminated container's message, bounded; ``""`` if none.
+
+    The worker writes one line; a message the pod's own code left longer (or the kubelet's
+    log tail, under ``FallbackToLogsOnError``) is cut to the line that says the most: its last.
+    """
+    text = str((terminated or {}).get("message") or "")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    line = lines[-1]
+    return line if len(line) <= MAX_EXIT_MESSAGE else line[: MAX_EXIT_MESSAGE - 3] + "..."
 
 
 def _assignment_version(text: str) -> int:

@@ -265,12 +265,14 @@ def _running(
 
 
 def _permanent_failure(job: TrainingJob, facts: Mapping[str, PodFacts]) -> str | None:
-    """Why the job cannot go on: a world member exited with a permanent code (or ``None``)."""
+    """Why the job cannot go on: a world member exited with a permanent code, and the one line
+    it left as its termination message (or ``None``)."""
     codes = job.spec.failure_policy.permanent_exit_codes
     for name in job.status.world.ranks:
         fact = facts.get(name)
         if fact is not None and fact.view.state is WorkerState.FAILED and fact.exit_code in codes:
-            return f"worker {fact.name} exited with permanent code {fact.exit_code}"
+            why = f": {fact.exit_message}" if fact.exit_message else ""
+            return f"worker {fact.name} exited with permanent code {fact.exit_code}{why}"
     return None
 
 

@@ -88,7 +88,8 @@ def test_secret_backed_env_reaches_the_worker_before_elastras_own() -> None:
         "HF_TOKEN", "RUN_NAME", "NODE", "LOG_LEVEL",  # the template's worker entry
         "ELASTRA_ASSIGNMENT_FILE", "ELASTRA_METRICS_PORT", "POD_NAME", "ELASTRA_LAUNCH",
         "ELASTRA_CPU_MILLIS", "ELASTRA_MODEL",  # Elastra's
-        "HOME", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",  # scratch, last
+        "HOME", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",  # scratch
+        "ELASTRA_GRACE_SECONDS",  # the agent's deadline from the pod's, unless the job sets it
     ]  # fmt: skip
     assert container(pod, "worker")["envFrom"] == [{"configMapRef": {"name": "train-config"}}]
     cpu = env["ELASTRA_CPU_MILLIS"]["valueFrom"]["resourceFieldRef"]
@@ -283,6 +284,41 @@ def test_each_pod_runs_one_rank_per_gpu_or_cpu_rank(worker: dict[str, Any], loca
         settings=SETTINGS,
     )
     assert json.loads(wire)["localWorldSize"] == local
+
+
+@pytest.mark.parametrize(
+    ("edits", "precision", "gpus"),
+    [
+        ({}, "bf16", 8),  # training.precision's default, and the base job's 8 GPUs a pod
+        ({"spec.training.precision": "fp16", "spec.worker.gpus": 2}, "fp16", 2),
+        ({"spec.training.precision": "fp32", "spec.worker.gpus": 0,
+          "spec.worker.gpuTypes": []}, "fp32", 0),
+    ],
+)  # fmt: skip
+def test_the_assignment_carries_the_precision_and_the_pods_gpus(
+    edits: dict[str, Any], precision: str, gpus: int
+) -> None:
+    job = parse_trainingjob(apply_edits(base_manifest("gpt"), edits))
+    local = job.spec.worker.ranks_per_pod
+    rank = RankSpec(rank=0, world_size=local, master_addr="gpt-w0.gpt", plan=Plan(dp=1, tp=local))
+    for spec in (rank, None):  # in a world, and waiting
+        wire = json.loads(assignment_json(job, version=1, rank=spec, stop=False, settings=SETTINGS))
+        assert (wire["precision"], wire["gpus"]) == (precision, gpus)
+
+
+@pytest.mark.parametrize(
+    ("pod_grace", "agent_grace"), [(120, "105"), (30, "23"), (8, "6"), (1, "1")]
+)
+def test_the_agent_gets_the_pods_grace_period_less_a_margin(
+    pod_grace: int, agent_grace: str
+) -> None:
+    pod = build(settings=OperatorSettings(termination_grace_seconds=pod_grace))
+    assert pod["spec"]["terminationGracePeriodSeconds"] == pod_grace
+    env = {e["name"]: e.get("value") for e in container(pod, "worker")["env"]}
+    assert env["ELASTRA_GRACE_SECONDS"] == agent_grace
+    own = build({"spec.worker.env": [{"name": "ELASTRA_GRACE_SECONDS", "value": "40"}]})
+    assert [e["value"] for e in container(own, "worker")["env"]
+            if e["name"] == "ELASTRA_GRACE_SECONDS"] == ["40"]  # fmt: skip
 
 
 def test_the_model_section_reaches_the_reference_trainer() -> None:

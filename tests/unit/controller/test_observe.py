@@ -1,4 +1,5 @@
-"""What of a node wakes the jobs: exactly what the snapshot keeps of it (``slim_node``)."""
+"""What of a node wakes the jobs: exactly what the snapshot keeps of it (``slim_node``); and the
+one line a failed worker's termination message gives the job's condition (``exit_message``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from elastra.controller.observe import node_fingerprint, slim_node
+from elastra.controller.observe import MAX_EXIT_MESSAGE, exit_message, node_fingerprint, slim_node
 from elastra.controller.planning import cluster_inventory
 from elastra.planner import inventory
 from tests.unit.controller.fakecluster import node
@@ -61,3 +62,20 @@ def test_the_slim_node_plans_like_the_full_one() -> None:
     annotate(inventory.ANN_TFLOPS, "500")(full)
     annotate("other.example/x", "y")(full)
     assert cluster_inventory([slim_node(full)], []) == cluster_inventory([full], [])
+
+
+@pytest.mark.parametrize(
+    ("terminated", "line"),
+    [
+        (None, ""),
+        ({"exitCode": 2}, ""),
+        ({"exitCode": 2, "message": "worker.gpus is 1 but ...\n"}, "worker.gpus is 1 but ..."),
+        ({"message": "Traceback (most recent call last):\n  ...\nValueError: bad\n\n"},
+         "ValueError: bad"),  # a log tail (FallbackToLogsOnError): its last line
+        ({"message": "x" * 5000}, "x" * (MAX_EXIT_MESSAGE - 3) + "..."),
+    ],
+)  # fmt: skip
+def test_the_termination_message_becomes_one_bounded_line(
+    terminated: dict[str, Any] | None, line: str
+) -> None:
+    assert exit_message(terminated) == line

@@ -260,6 +260,21 @@ def test_permanent_exit_code_fails_the_job() -> None:
     assert sorted(plan.deletes) == ["gpt-w0", "gpt-w1", "gpt-w3"]
 
 
+def test_a_permanent_failure_carries_the_workers_line_into_the_condition() -> None:
+    """The one line a worker wrote as its termination message (a GPU pod that cannot see its
+    GPUs, a bad model) is what the Failed condition and the Event say, after the code."""
+    cluster = FakeCluster(job(), h100s(4), SETTINGS)
+    cluster.converge()
+    cluster.fail("gpt-w2", 2)
+    (container,) = cluster.pods["gpt-w2"]["status"]["containerStatuses"]
+    line = "worker.gpus is 8 but torch sees only 4 CUDA device(s)"
+    container["state"]["terminated"]["message"] = line + "\n"
+    plan = cluster.step()
+    want = f"worker gpt-w2 exited with permanent code 2: {line}"
+    assert plan.events[0].message == want
+    assert want in [c.message for c in plan.status.conditions if c.status == "True"]
+
+
 def test_unplaceable_job_creates_nothing_and_says_why() -> None:
     cluster = FakeCluster(job(worker={"gpus": 8, "gpuTypes": ["T4"], "image": "x"}), h100s(4))
     plan = cluster.step()
