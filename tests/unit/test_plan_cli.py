@@ -278,3 +278,17 @@ def test_an_untolerated_pool_is_listed_with_its_taint(
         "aks-nca100-27418803-vmss000000",
     }
     assert "aks-ndasr-27418803-vmss000000: taint sku=gpu:NoSchedule not tolerated" in table
+
+
+def test_the_operators_toleration_counts_like_the_templates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--toleration`` stands for ``elastra run --toleration`` (the chart's
+    workerTolerations): with it, AKS's tainted pools are capacity again."""
+    job = provider_job(tmp_path, Case("aks-nd-a100-v4.yaml", 8, 2, {}))
+    cluster = str(FIXTURES / "aks-nd-a100-v4.yaml")
+    status, out = plan_json(capsys, job, "--cluster", cluster, "--toleration", "sku=gpu")
+    assert status == 0, out["reason"]
+    assert main(["plan", job, "--cluster", cluster, "--toleration", "sku=gpu:NoExecute"]) == 3
+    assert "taint sku=gpu:NoSchedule not tolerated" in capsys.readouterr().out
+    assert main(["plan", job, "--cluster", cluster, "--toleration", "sku=gpu:Never"]) == 2
