@@ -45,6 +45,7 @@ from elastra.controller.settings import OperatorSettings
 from elastra.controller.snapshot import ClusterSnapshot, job_of
 from elastra.kube.client import ApiError, JsonDict, Kube
 from elastra.kube.informer import key_of
+from elastra.requeue import Requeue
 
 log = logging.getLogger("elastra.operator")
 
@@ -165,24 +166,24 @@ class Runtime:
                     await asyncio.wait_for(wake.wait(), timeout=self.leader.renew.total_seconds())
                 continue
             async with self.passes:
-                delay = await self._pass(key, failures)
-            failures = 0 if delay is not None else failures + 1
-            if delay is None:  # failed: back off, and let no event shorten the wait
+                requeue = await self._pass(key, failures)
+            failures = 0 if requeue is not None else failures + 1
+            if requeue is None:  # failed: back off, and let no event shorten the wait
                 await asyncio.sleep(error_backoff(failures).total_seconds())
                 continue
-            wait = min(delay or self.settings.resync, self.settings.resync)
+            wait = requeue.within(self.settings.resync)  # a requeue of zero: the next pass now
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=wait.total_seconds())
 
-    async def _pass(self, key: JobKey, failures: int) -> timedelta | None:
-        """One reconcile pass: its requested delay (or ``timedelta(0)``), None when it failed.
+    async def _pass(self, key: JobKey, failures: int) -> Requeue | None:
+        """One reconcile pass: when it asks for the next one, None when it failed.
 
         Any exception is caught here, on purpose: an unexpected one (a bug, a hostile object)
         must not end the job's loop silently; it is logged with the traceback and retried.
         """
         namespace, name = key
         try:
-            delay = await reconcile(
+            requeue = await reconcile(
                 self.kube,
                 self.snapshot,
                 namespace,
@@ -202,7 +203,7 @@ class Runtime:
                 namespace, name, failures + 1, error_backoff(failures + 1),
             )  # fmt: skip
             return None
-        return delay or timedelta(0)
+        return requeue
 
 
 def runtime(memo: Any) -> Runtime:

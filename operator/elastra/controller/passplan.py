@@ -86,6 +86,7 @@ from elastra.elastic.share import NO_CLASSES, Priorities
 from elastra.elastic.workers import NodeName, PodName, WorkerState, WorkerView
 from elastra.errors import UserError
 from elastra.planner.scheduling import PodConstraints
+from elastra.requeue import Requeue
 
 JsonDict = Mapping[str, Any]
 MAX_RESIZE_HISTORY = 20
@@ -146,7 +147,7 @@ class PassPlan:
     """Deletes without grace: pods whose node is gone (graceful deletion would never end)."""
     ungate: tuple[str, ...] = ()
     """Pods whose gates come off, after every create of the pass succeeded."""
-    requeue: timedelta | None = None
+    requeue: Requeue = Requeue.NEVER
     status_wait: timedelta | None = None
     """The status differs from the stored one only in counts: it is written by the pass this
     long from now, not by this one (see ``pacing``)."""
@@ -331,9 +332,7 @@ def _act(
         settings=ctx.settings,
         now=ctx.now,
     )
-    waits = [t for t in (decision.recheck_after, backoff_left) if t is not None]
-    if pods.creates or pods.ungate or step.changed:
-        waits.append(timedelta(seconds=1))
+    soon = timedelta(seconds=1) if pods.creates or pods.ungate or step.changed else None
     return PassPlan(
         status=status,
         world_changed=step.changed,
@@ -343,7 +342,7 @@ def _act(
         deletes=pods.deletes,
         force_deletes=tuple(p for p in pods.deletes if ctx.facts[p].node_gone),
         ungate=pods.ungate,
-        requeue=min(waits, default=None),
+        requeue=min(decision.recheck_after, Requeue.earliest(backoff_left, soon)),
         decision=decision,
     )
 
@@ -661,14 +660,13 @@ def _settle(
         has_pods=has_pods,
         finished=finished,
     )
-    waits = [t for t in (plan.requeue, late.left if late else None, expiry.left) if t is not None]
     return replace(
         plan,
         status=status,
         workload_create=action.create,
         workload_delete=action.delete,
         delete_job=expiry.delete,
-        requeue=min(waits, default=None),
+        requeue=min(plan.requeue, Requeue.earliest(late.left if late else None, expiry.left)),
     )
 
 
@@ -683,8 +681,7 @@ def _pace(plan: PassPlan, obs: Observation, now: datetime) -> PassPlan:
     wait = status_wait(obs.job.status, plan.status, written=obs.status_written, now=now)
     if wait is None:
         return plan
-    requeue = min(wait, plan.requeue) if plan.requeue is not None else wait
-    return replace(plan, status_wait=wait, requeue=requeue)
+    return replace(plan, status_wait=wait, requeue=min(plan.requeue, Requeue.after(wait)))
 
 
 def _template_pod(job: TrainingJob, settings: OperatorSettings) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from elastra.controller.status_changes import changed_fields
 from elastra.errors import UserError
 from elastra.kube import events, resources, workloads
 from elastra.kube.client import ApiError, ConflictError, JsonDict, Kube, gather_limited
+from elastra.requeue import Requeue
 
 log = logging.getLogger("elastra.reconcile")
 
@@ -64,8 +65,8 @@ async def reconcile(
     settings: OperatorSettings,
     clock: Clock = utc_now,
     progress: ProgressReader | None = None,
-) -> timedelta | None:
-    """Run one pass over a job; returns when the next pass is due (``None``: on events only).
+) -> Requeue:
+    """Run one pass over a job; returns when the next pass is due.
 
     With a ``progress`` reader, a job whose rank 0 runs on a real node gets a pass at least
     every ``progress.interval_s`` so ``status.progress`` follows training.
@@ -74,12 +75,12 @@ async def reconcile(
     try:
         raw = snapshot.job(namespace, name)
         if raw is None or (raw.get("metadata") or {}).get("deletionTimestamp"):
-            return None
+            return Requeue.NEVER
         try:
             job = parse_trainingjob(raw, source=f"trainingjob {namespace}/{name}")
         except UserError as err:
             await _reject(kube, snapshot, raw, str(err), now=clock())
-            return None
+            return Requeue.NEVER
         workload = None
         if admission.queue_of(job) is not None:
             workload = await workloads.get_workload(kube, namespace, admission.workload_name(name))
@@ -98,12 +99,11 @@ async def reconcile(
         _log_pass(raw, _writes(raw, plan))
         metrics.observe_job(namespace, name, plan.status)
         if watched and progress is not None:
-            every = timedelta(seconds=progress.interval_s)
-            return min(plan.requeue, every) if plan.requeue else every
+            return min(plan.requeue, Requeue.after(timedelta(seconds=progress.interval_s)))
         return plan.requeue
     except ConflictError:
         log.debug("status of %s/%s changed under us; reading again", namespace, name)
-        return timedelta(seconds=0.2)
+        return Requeue.after(timedelta(seconds=0.2))
     finally:
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
 

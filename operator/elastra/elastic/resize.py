@@ -35,6 +35,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from elastra.elastic.workers import PodName, WorkerState, WorkerView
+from elastra.requeue import Requeue
 
 
 class Reason(StrEnum):
@@ -148,7 +149,7 @@ class ResizeDecision:
     retire: frozenset[PodName] = field(default_factory=frozenset)
     degraded: bool = False
     completed: bool = False
-    recheck_after: timedelta | None = None
+    recheck_after: Requeue = Requeue.NEVER
 
     @property
     def resizes(self) -> bool:
@@ -162,18 +163,22 @@ def decide(inp: ResizeInput, policy: ResizePolicy = ResizePolicy()) -> ResizeDec
     retire_left = _retire_left(inp, policy)
     if retire_left is None:
         return decision
-    recheck = min(retire_left, decision.recheck_after or retire_left)
-    return replace(decision, recheck_after=recheck)
+    return replace(decision, recheck_after=min(decision.recheck_after, Requeue.after(retire_left)))
 
 
 def _retire_left(inp: ResizeInput, policy: ResizePolicy) -> timedelta | None:
-    """Until the first retiring pod that still works runs out of time (it is deleted then)."""
+    """Until the first retiring pod that still works runs out of time (it is deleted then).
+
+    One out of time already is deleted by this decision (``_finished_retiring``); the event
+    of its deletion wakes the job, so it asks for no pass now (which, before the informer saw
+    the delete, would delete it again).
+    """
     left = [
         policy.retire_timeout - (inp.now - w.retiring_since)
         for w in inp.workers
         if w.retiring_since is not None and w.state.started
     ]
-    return max(min(left), timedelta(0)) if left else None
+    return min((t for t in left if t > timedelta(0)), default=None)
 
 
 def _decide(inp: ResizeInput, policy: ResizePolicy) -> ResizeDecision:
@@ -207,7 +212,7 @@ def _decide(inp: ResizeInput, policy: ResizePolicy) -> ResizeDecision:
                 reason=Reason.STEADY,
                 message=f"{len(broken)} worker(s) broke; waiting for the burst to settle",
                 delete=done_retiring,
-                recheck_after=policy.settle - (inp.now - latest),
+                recheck_after=Requeue.after(policy.settle - (inp.now - latest)),
             )
         return _with_deletes(_reform_without_broken(inp, workers, broken, gone), done_retiring)
     finished = [w for w in members if w.state is WorkerState.SUCCEEDED]
@@ -525,7 +530,7 @@ def _form_initial(
             create=create,
             delete=delete,
             degraded=True,
-            recheck_after=min(recheck, default=None),
+            recheck_after=Requeue.earliest(*recheck),
         )
     pods = tuple(w.pod for w in joining[: inp.desired])
     create = min(create, inp.desired - len(pods))
@@ -536,7 +541,7 @@ def _form_initial(
         create=create,
         joins=create > 0,
         delete=delete | frozenset(w.pod for w in joining[inp.desired :]),
-        recheck_after=min(recheck, default=None),
+        recheck_after=Requeue.earliest(*recheck),
     )
 
 
@@ -552,7 +557,7 @@ def _keep(
         message=message,
         create=create,
         delete=delete,
-        recheck_after=min(recheck, default=None),
+        recheck_after=Requeue.earliest(*recheck),
     )
 
 

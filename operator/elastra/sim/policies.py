@@ -287,8 +287,8 @@ class ElasticPolicy:
         )
         if decision.reason is Reason.SCALED_UP and decision.world:
             sim.resize(job, _in_order(job, (*job.pods, *standby), decision.world), gpu_type)
-        elif decision.recheck_after is not None:
-            sim.wake(decision.recheck_after.total_seconds())
+        elif not decision.recheck_after.is_never:
+            sim.wake(decision.recheck_after.delay.total_seconds())
 
     def _reclaim(self, sim: Simulation, job: JobState) -> bool:
         """Shrink running jobs so that ``job`` gets its minimum, by the operator's sharing

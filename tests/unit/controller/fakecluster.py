@@ -137,7 +137,7 @@ class FakeCluster:
             plan = self.step()
             self.schedule_and_run()
             quiet = not (plan.creates or plan.patches or plan.deletes or plan.ungate)
-            if quiet and plan.requeue is None:
+            if quiet and plan.requeue.is_never:
                 return
 
 

@@ -1,10 +1,12 @@
-"""The job loops: a failing pass is logged with the job's name and retried with backoff; the
-informers' changes start, wake and stop exactly the loops they concern."""
+"""The job loops: a pass's requeue sets when the next one runs (a zero requeue: at once); a
+failing pass is logged with the job's name and retried with backoff; the informers' changes
+start, wake and stop exactly the loops they concern."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any, cast
@@ -15,6 +17,7 @@ from elastra.controller import handlers
 from elastra.controller.handlers import JobLoop, Runtime, error_backoff
 from elastra.controller.settings import OperatorSettings
 from elastra.kube.client import ApiError
+from elastra.requeue import Requeue
 from tests.unit.controller.fakecluster import node
 from tests.unit.controller.test_snapshot import gated_pod, synced_snapshot
 
@@ -38,6 +41,70 @@ def test_backoff_doubles_from_one_second_to_five_minutes(failures: int, seconds:
     assert error_backoff(failures) == timedelta(seconds=seconds)
 
 
+def test_a_requeue_of_zero_runs_the_next_pass_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: ``delay or resync`` read a zero delay as none asked for; the next pass came with
+    the next event or after the 300 s resync."""
+    passes: list[Requeue] = [Requeue.NOW, Requeue.after(timedelta(seconds=-3))]
+    done = asyncio.Event()
+    rt = runtime()  # resync 300 s, and no event comes
+
+    async def reconcile(*args: Any, **kwargs: Any) -> Requeue:
+        if passes:
+            return passes.pop(0)
+        done.set()
+        return Requeue.NEVER
+
+    monkeypatch.setattr(handlers, "reconcile", reconcile)
+
+    async def main() -> None:
+        rt.ensure(("ns", "j"))
+        async with asyncio.timeout(10):
+            await done.wait()
+        await rt.stop_all()
+
+    asyncio.run(main())
+    assert done.is_set()
+
+
+def test_the_loop_waits_for_the_requeue_at_most_the_resync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked = [
+        (Requeue.NOW, 0.0),
+        (Requeue.after(timedelta(seconds=5)), 5.0),
+        (Requeue.after(timedelta(minutes=10)), 300.0),
+        (Requeue.NEVER, 300.0),
+    ]
+    requeues = [requeue for requeue, _ in asked]
+    waits: list[float] = []
+    done = asyncio.Event()
+    rt = runtime()
+
+    async def reconcile(*args: Any, **kwargs: Any) -> Requeue:
+        if not requeues:
+            done.set()
+            await asyncio.Event().wait()  # until stop_all
+        return requeues.pop(0)
+
+    async def wait_for(wake: Coroutine[Any, Any, Any], timeout: float) -> None:
+        waits.append(timeout)  # the timer runs out at once: no event comes
+        wake.close()
+        await asyncio.sleep(0)
+        raise TimeoutError
+
+    monkeypatch.setattr(handlers, "reconcile", reconcile)
+    monkeypatch.setattr(asyncio, "wait_for", wait_for)
+
+    async def main() -> None:
+        rt.ensure(("ns", "j"))
+        async with asyncio.timeout(10):
+            await done.wait()
+        await rt.stop_all()
+
+    asyncio.run(main())
+    assert waits == [seconds for _, seconds in asked]
+
+
 Outcome = BaseException | None  # an exception the pass raises, or None: it succeeds
 
 
@@ -51,16 +118,16 @@ def run_loop(monkeypatch: pytest.MonkeyPatch, outcomes: list[Outcome]) -> list[i
     done = asyncio.Event()
     rt = runtime()
 
-    async def reconcile(*args: Any, **kwargs: Any) -> timedelta | None:
+    async def reconcile(*args: Any, **kwargs: Any) -> Requeue:
         calls.append(len(calls))
         if len(calls) > len(outcomes):
             done.set()
-            return None
+            return Requeue.NEVER
         outcome = outcomes[len(calls) - 1]
         if outcome is not None:
             raise outcome
         asyncio.get_running_loop().call_soon(rt.poke, ("ns", "j"))  # an event: next pass
-        return None
+        return Requeue.NEVER
 
     async def sleep(seconds: float) -> None:
         backoffs.append(round(seconds))

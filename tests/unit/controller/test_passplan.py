@@ -17,6 +17,7 @@ from elastra.controller.passplan import Observation, plan_pass
 from elastra.controller.settings import OperatorSettings
 from elastra.elastic.resize import ResizePolicy
 from elastra.errors import UserError
+from elastra.requeue import Requeue
 from tests.unit.controller.fakecluster import FakeCluster, node
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -208,7 +209,7 @@ def test_counts_held_back_are_written_once_the_pace_allows() -> None:
     cluster.step()
     cluster.schedule_and_run("gpt-w0")
     held = cluster.step(seconds=0)
-    assert held.status_wait is not None and held.requeue == held.status_wait
+    assert held.status_wait is not None and held.requeue == Requeue.after(held.status_wait)
     assert cluster.job.status.ready_replicas == 0
     cluster.now += held.status_wait
     assert cluster.step().status_wait is None
@@ -454,10 +455,8 @@ def test_ttl_after_finished_deletes_the_job_when_due_and_not_before() -> None:
     assert finished.completion_time is not None
     plan = cluster.step(seconds=0)
     assert not plan.delete_job
-    assert plan.requeue is not None and timedelta(seconds=57) <= plan.requeue <= timedelta(
-        seconds=60
-    )
-    cluster.now += plan.requeue
+    assert timedelta(seconds=57) <= plan.requeue.delay <= timedelta(seconds=60)
+    cluster.now += plan.requeue.delay
     assert cluster.step().delete_job
     assert cluster.job.status.completion_time == finished.completion_time
 
@@ -470,7 +469,7 @@ def test_without_ttl_a_finished_job_is_kept() -> None:
     cluster.now += timedelta(days=400)
     plan = cluster.step()
     assert cluster.job.status.phase == "Succeeded"
-    assert not plan.delete_job and plan.requeue is None
+    assert not plan.delete_job and plan.requeue == Requeue.NEVER
 
 
 def test_active_deadline_stops_like_suspend_then_fails_deadline_exceeded() -> None:
@@ -479,7 +478,7 @@ def test_active_deadline_stops_like_suspend_then_fails_deadline_exceeded() -> No
     started = cluster.job.status.start_time
     assert started is not None and cluster.job.status.phase == "Running"
     plan = cluster.step(seconds=0)
-    assert plan.requeue is not None and plan.requeue <= timedelta(seconds=120)
+    assert plan.requeue <= Requeue.after(timedelta(seconds=120))
     cluster.now += timedelta(seconds=121)
     cluster.step()
     held = cluster.job.status

@@ -18,6 +18,7 @@ from elastra.elastic.resize import (
     decide,
 )
 from elastra.elastic.workers import NodeHealth, PodName, WorkerState, WorkerView, classify
+from elastra.requeue import Requeue
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 POLICY = ResizePolicy(
@@ -130,7 +131,9 @@ def test_a_member_that_never_starts_is_dropped_before_its_peers_rendezvous_gives
         for after in (timedelta(seconds=99), timedelta(seconds=100))
     )
     assert waiting.world is None and "2 of 3 workers running" in waiting.message
-    assert waiting.recheck_after == timedelta(seconds=1), "looks again when 0 has waited 90 s"
+    assert waiting.recheck_after == Requeue.after(timedelta(seconds=1)), (
+        "looks again when 0 has waited 90 s"
+    )
     assert dropped.world == world(0, 1) and dropped.reason is Reason.JOIN_TIMED_OUT
     assert dropped.delete == {pod(2)}
     assert "job-w2 did not start while the world waited 90s" in dropped.message
@@ -188,7 +191,7 @@ def test_growth_waits_for_cooldown_and_says_when_to_look_again() -> None:
         last_resize=now - timedelta(seconds=5),
     )
     assert d.world is None
-    assert d.recheck_after == timedelta(seconds=15)
+    assert d.recheck_after == Requeue.after(timedelta(seconds=15))
 
 
 def test_growth_skipped_when_gain_is_below_restart_cost() -> None:
@@ -213,7 +216,7 @@ def test_burst_of_failures_waits_for_settle_then_one_resize() -> None:
     for i in (1, 4, 7):
         workers[i] = worker(i, WorkerState.LOST, since=now - timedelta(seconds=1))
     early = run(workers, desired=10, minimum=2, current=world(*range(10)), now=now)
-    assert early.world is None and early.recheck_after == timedelta(seconds=1)
+    assert early.world is None and early.recheck_after == Requeue.after(timedelta(seconds=1))
     later = run(
         workers, desired=10, minimum=2, current=world(*range(10)), now=now + timedelta(seconds=1)
     )
@@ -278,7 +281,7 @@ def test_unschedulable_past_grace_is_deleted() -> None:
     )
     assert d.world is None
     assert pod(3) in d.delete and pod(4) not in d.delete
-    assert d.recheck_after == timedelta(seconds=20)
+    assert d.recheck_after == Requeue.after(timedelta(seconds=20))
 
 
 def test_suspend_retires_the_world_then_deletes_what_stopped() -> None:
@@ -293,6 +296,31 @@ def test_suspend_retires_the_world_then_deletes_what_stopped() -> None:
     assert after.world is None and after.delete == frozenset({pod(0)})
     late = run(stopped, desired=2, current=(), suspended=True, now=now + timedelta(seconds=60))
     assert late.delete == frozenset(world(0, 1))
+
+
+@pytest.mark.parametrize(
+    ("retiring_for", "lost_for", "recheck"),
+    [
+        (5, None, Requeue.after(timedelta(seconds=55))),  # when its retire timeout runs out
+        (5, 1, Requeue.after(timedelta(seconds=1))),  # the settle window ends first
+        (60, 1, Requeue.after(timedelta(seconds=1))),  # out of time: deleted now, not rechecked
+        (60, None, Requeue.NEVER),  # its deletion's event wakes the job
+    ],
+)
+def test_a_retiring_pod_that_still_runs_is_looked_at_again_when_its_time_runs_out(
+    retiring_for: int, lost_for: int | None, recheck: Requeue
+) -> None:
+    now = T0 + timedelta(minutes=5)
+    workers = [
+        worker(0),
+        worker(1),
+        worker(2, retiring_since=now - timedelta(seconds=retiring_for)),
+    ]
+    if lost_for is not None:
+        workers[1] = worker(1, WorkerState.LOST, since=now - timedelta(seconds=lost_for))
+    d = run(workers, desired=2, current=world(0, 1), now=now)
+    assert d.recheck_after == recheck
+    assert (pod(2) in d.delete) == (retiring_for >= 60)
 
 
 def test_all_members_exited_zero_completes() -> None:
