@@ -173,3 +173,26 @@ def test_the_fp16_loss_scale_is_checkpointed_and_restored_under_another_plan(
     ports = port_block(2)
     scales = run_world(_fp16_worlds, 2, tmp_path, ports, timeout=180)
     assert scales == [[65536.0, 1024.0]] * 2, "fresh scale, then the one saved at step 2"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_bitwise_holds_in_bf16_through_a_resize(tmp_path: Path, static_run: LocalRun) -> None:
+    """Autocast changes what each logical share computes, not the order the shares are summed
+    in: a bf16 bitwise run resized 4 -> 2 -> 3 has the static bf16 run's parameters, bit for
+    bit, at every step (on the CPU, where bitwise is promised)."""
+    runs = []
+    for name, schedule in (("static", "4:0"), ("resized", "4:0,2:7,3:14")):
+        run = run_local(tmp_path / name, schedule, extra=("--precision", "bf16"))
+        assert run.returncode == 0, run.output[-3000:]
+        assert {r["precision"] for r in run.records} == {"bf16"}
+        runs.append(run.by_step())
+    static, resized = runs
+    assert sorted(resized) == sorted(static) == list(range(len(static)))
+    for k, record in resized.items():
+        assert record["paramsSha256"] == static[k]["paramsSha256"], f"step {k}: params differ"
+    assert {resized[k]["worldSize"] for k in (6, 7, 14)} == {4, 2, 3}
+    fp32 = static_run.by_step()  # conftest's static run: the same job in fp32
+    assert all(static[k]["paramsSha256"] != fp32[k]["paramsSha256"] for k in static), (
+        "bf16 computed what fp32 computes: autocast did not run"
+    )
