@@ -50,8 +50,9 @@ WORKER_APP_DIRS = ("elastra_worker", "examples")
 """worker_image/<dir> -> /opt/elastra/<dir>; the repository's examples/ is not in any image."""
 WORKER_ENTRYPOINT = ["python3", "-m", "elastra_worker.cli", "run", "--"]
 WORKER_CMD = ["python3", "/opt/elastra/examples/train_tiny_gpt.py"]
-OPERATOR_REQUIREMENTS = ["pydantic", "pyyaml", "kopf", "kubernetes", "prometheus-client"]
-"""The elastra wheel's runtime dependencies (pyproject.toml [project] dependencies)."""
+OPERATOR_REQUIREMENTS = ["pydantic", "pyyaml", "kopf", "aiohttp", "prometheus-client"]
+"""The elastra wheel's runtime dependencies (pyproject.toml [project] dependencies); not the
+kubernetes client, which only the tests import (the dev extra)."""
 OPERATOR_ENTRYPOINT = ["elastra", "run"]
 
 

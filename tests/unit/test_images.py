@@ -5,17 +5,21 @@ Users build ``operator/Dockerfile`` and ``worker_image/Dockerfile`` with docker;
 user or an entrypoint that differs between the two would pass every test here and fail on a
 user's cluster, so both recipes are parsed and compared: Python packages by name, the files
 under /opt/elastra, the uid (also the chart's and the worker pods'), entrypoint and command.
-Each example TrainingJob must run a command its image holds.
+The operator image holds only packages the operator imports. Each example TrainingJob must
+run a command its image holds.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
 import shlex
+import sys
 import tomllib
 from dataclasses import dataclass, field
+from importlib.metadata import packages_distributions
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +178,29 @@ def test_requirement_lists_match_pyproject() -> None:
     assert _names(build.OPERATOR_REQUIREMENTS) == _names(project["dependencies"])
     worker_extra = _names(project["optional-dependencies"]["worker"])
     assert worker_extra <= _names(build.WORKER_REQUIREMENTS)
+
+
+def _imported_by_the_operator() -> set[str]:
+    """The top-level names of every package ``operator/elastra`` imports (in functions too)."""
+    names: set[str] = set()
+    for path in (REPO / "operator" / "elastra").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.partition(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module.partition(".")[0])
+    return names - set(sys.stdlib_module_names)
+
+
+def test_every_runtime_dependency_is_imported_by_the_operator() -> None:
+    """Before: the kubernetes client was a runtime dependency, in the operator image, that only
+    the tests imported."""
+    by_package = packages_distributions()
+    imported = {
+        _normal(dist) for name in _imported_by_the_operator() for dist in by_package.get(name, [])
+    }
+    runtime = _names(_pyproject()["project"]["dependencies"])
+    assert runtime <= imported, f"not imported by operator/elastra: {sorted(runtime - imported)}"
 
 
 def test_the_python_version_of_the_base_matches_the_offline_site_path() -> None:
