@@ -97,8 +97,12 @@ def agent_state(pod: Path) -> dict[str, Any]:
 
 def test_bad_assignment_is_a_permanent_error(tmp_path: Path) -> None:
     (tmp_path / "assignment").write_text('{"job": "t", "worldVersion": 1, "worldSize": "two"}')
-    proc = start_agent(tmp_path, [sys.executable, "-c", "pass"])
+    message = tmp_path / "termination-log"
+    message.touch()  # as the kubelet does: the job's condition reads what is written here
+    env = {"ELASTRA_TERMINATION_LOG": str(message)}
+    proc = start_agent(tmp_path, [sys.executable, "-c", "pass"], env=env)
     assert proc.wait(timeout=60) == exitcodes.CONFIG
+    assert message.read_text() == "bad assignment: worldSize: expected an integer, got 'two'\n"
 
 
 def test_a_directory_at_the_assignment_path_is_a_permanent_error(tmp_path: Path) -> None:
@@ -126,6 +130,20 @@ def test_an_unusable_checkpoint_root_fails_at_start_permanently(tmp_path: Path) 
     assert proc.returncode == exitcodes.CONFIG, err
     assert f"checkpoint root {claim}/t is not usable: Not a directory" in err
     assert "Traceback" not in err
+
+
+def test_the_sigterm_deadline_is_the_grace_the_operator_passes(tmp_path: Path) -> None:
+    """ELASTRA_GRACE_SECONDS (the operator sets it from the pod's terminationGracePeriodSeconds)
+    is how long a trainer gets after SIGTERM: here 3 s for one that never stops, not 25."""
+    write(tmp_path, assignment(1, port=free_port()))
+    stuck = [sys.executable, "-c", "import time; time.sleep(600)"]
+    proc = start_agent(tmp_path, stuck, args=(), env={"ELASTRA_GRACE_SECONDS": "3"})
+    wait_for(lambda: agent_state(tmp_path).get("phase") == "running", 60, "the trainer")
+    asked = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == exitcodes.RETRYABLE  # killed: nothing was checkpointed
+    waited = time.monotonic() - asked
+    assert 3.0 <= waited < 20.0, f"the agent waited {waited:.1f}s after SIGTERM"
 
 
 def test_crashed_trainer_is_retryable(tmp_path: Path) -> None:
