@@ -332,7 +332,7 @@ def test_provider_node_fixtures(
 
 def test_fixture_reasons_say_what_was_read_and_what_to_do() -> None:
     inventory = parse_inventory(yaml.safe_load((FIXTURES / "mixed.yaml").read_text()))
-    reasons = {n.name: n.reason for n in inventory.excluded}
+    reasons = {str(n.name): n.reason for n in inventory.excluded}
     assert "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb" in reasons["dgx-a100-mig-0"]
     assert "nvidia.com/mig-1g.10gb, nvidia.com/mig-3g.40gb" in reasons["dgx-a100-mig-1"]
     assert "nvidia.com/mig.config=all-disabled" in reasons["dgx-a100-mig-1"]
@@ -352,5 +352,5 @@ def test_instance_type_count_and_allocatable_disagree_allocatable_wins() -> None
 
 def test_karpenter_network_label_is_the_nodes_network() -> None:
     inventory = parse_inventory(yaml.safe_load((FIXTURES / "karpenter.yaml").read_text()))
-    networks = {n.name: n.network_gbps for n in inventory.nodes}
+    networks = {str(n.name): n.network_gbps for n in inventory.nodes}
     assert networks[f"ip-10-0-160-21{EKS}"] == 400.0 and networks[f"ip-10-0-161-130{EKS}"] == 2.5
