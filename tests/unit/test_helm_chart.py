@@ -164,6 +164,7 @@ def test_default_render_holds_the_operator_and_its_rbac(default: list[Manifest])
             "ClusterKopfPeering",
             "Lease",
             "NetworkPolicy",
+            "PriorityClass",  # of capacity-request pods (templates/priorityclass.yaml)
         ]
     )
     namespaced_kinds = {
@@ -294,6 +295,9 @@ def test_deployment_runs_one_operator_with_probes_and_resources(default: list[Ma
         f"--peering={RELEASE}",
         "--priority=100",
         "--sharing=namespace",
+        "--capacity-requests=on",
+        "--capacity-request-timeout-seconds=600",
+        "--capacity-request-priority-class=elastra-capacity-request",
     ]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"metrics": 8080, "health": 8081}
@@ -367,6 +371,21 @@ def test_values_reach_the_operator_flags(namespaced: list[Manifest]) -> None:
 def test_sharing_reaches_the_operator_flag(helm: Path, tmp_path: Path, scope: str) -> None:
     args = container(one(render(helm, tmp_path, {"sharing": scope}), "Deployment"))["args"]
     assert [a for a in args if a.startswith("--sharing")] == [f"--sharing={scope}"]
+
+
+def test_capacity_requests_reach_the_operator_and_bring_their_priority_class(
+    helm: Path, tmp_path: Path, default: list[Manifest]
+) -> None:
+    """On by default, with the class the operator names (value -1, never preempting); off:
+    neither the class nor the requests."""
+    klass = one(default, "PriorityClass")
+    args = container(one(default, "Deployment"))["args"]
+    assert f"--capacity-request-priority-class={klass['metadata']['name']}" in args
+    assert klass["preemptionPolicy"] == "Never" and klass["value"] == -1
+    assert not klass["globalDefault"]
+    off = render(helm, tmp_path, {"capacityRequests": {"enabled": False}})
+    assert not [m for m in off if m["kind"] == "PriorityClass"]
+    assert "--capacity-requests=off" in container(one(off, "Deployment"))["args"]
 
 
 def test_sharing_values_are_the_operator_scopes(helm: Path, tmp_path: Path) -> None:

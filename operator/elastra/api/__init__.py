@@ -13,6 +13,8 @@ from elastra.api.resource import (
     parse_trainingjob,
 )
 from elastra.api.status import (
+    CapacityRequestState,
+    CapacityRequestStatus,
     Condition,
     ConditionStatus,
     ConditionType,
@@ -47,6 +49,8 @@ __all__ = [
     "KIND",
     "PLURAL",
     "VERSION",
+    "CapacityRequestState",
+    "CapacityRequestStatus",
     "CheckpointSpec",
     "Condition",
     "ConditionStatus",

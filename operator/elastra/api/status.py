@@ -184,6 +184,40 @@ class ResizeRecord(StatusModel):
     time: Timestamp = Field(description="When the new world was recorded (RFC 3339).")
 
 
+class CapacityRequestState(StrEnum):
+    """Where a job's request for nodes stands (see ``CapacityRequestStatus``)."""
+
+    REQUESTED = "Requested"
+    """Capacity-request pods are out: the cluster's autoscaler is asked for nodes."""
+    UNSATISFIED = "Unsatisfied"
+    """No autoscaler gave the job usable nodes in time: the request was withdrawn and is made
+    again only when a node is added, the spec changes or the job loses workers."""
+    DECLINED = "Declined"
+    """Nodes came, and the planner prefers fewer workers than asked on them: the rest of the
+    request was withdrawn, and is made again only when the spec changes or the job loses
+    workers."""
+
+
+class CapacityRequestStatus(StatusModel):
+    """The job's request for more nodes: pending capacity-request pods, one per missing
+    worker, that the cluster's autoscaler provisions nodes for (docs/autoscaling.md)."""
+
+    state: CapacityRequestState = Field(description="Requested, Unsatisfied or Declined.")
+    workers: int = Field(
+        ge=0,
+        le=4096,
+        description=(
+            "Requested: workers' worth of nodes asked for; Unsatisfied or Declined: the "
+            "workers the job had when the request was withdrawn."
+        ),
+    )
+    since: Timestamp = Field(description="When the request entered this state (RFC 3339).")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation of the spec it was made for."
+    )
+    message: Message = Field(default="", description="What was asked for, or why it ended.")
+
+
 class TrainingJobStatus(StatusModel):
     """The observed state of a TrainingJob."""
 
@@ -241,5 +275,12 @@ class TrainingJobStatus(StatusModel):
             "Worker pods Kueue admitted (the Workload's podSet count) for a job with the "
             "kueue.x-k8s.io/queue-name label; the world never grows past it. Unset: no Kueue "
             "admission in force."
+        ),
+    )
+    capacity_request: CapacityRequestStatus | None = Field(
+        default=None,
+        description=(
+            "The job's request for nodes from the cluster's autoscaler, while it wants more "
+            "workers than the nodes hold (unset: none)."
         ),
     )

@@ -177,6 +177,29 @@ def register(sub: Any) -> None:
         "namespace, or those of the whole cluster; never a job of higher priority "
         f"(PriorityClass value) than the starved one (default {OperatorSettings.sharing.value})",
     )
+    parser.add_argument(
+        "--capacity-requests",
+        choices=["on", "off"],
+        default="on" if OperatorSettings.capacity_requests else "off",
+        help="when a job wants more workers than the nodes hold, ask the cluster's autoscaler "
+        "(Cluster Autoscaler, Karpenter, GKE node auto-provisioning) for nodes with one pending "
+        "capacity-request pod per missing worker (default on; docs/autoscaling.md)",
+    )
+    parser.add_argument(
+        "--capacity-request-timeout-seconds",
+        type=_positive,
+        default=int(OperatorSettings.capacity_request_timeout.total_seconds()),
+        metavar="S",
+        help="withdraw and report a capacity request no autoscaler answered with usable nodes "
+        "within this time (default %(default)s)",
+    )
+    parser.add_argument(
+        "--capacity-request-priority-class",
+        default=OperatorSettings.capacity_request_priority_class,
+        metavar="NAME",
+        help="PriorityClass of capacity-request pods, created if missing (value -1, "
+        "preemptionPolicy Never) (default %(default)s)",
+    )
     parser.add_argument("--log-format", choices=["json", "plain"], default="json")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.set_defaults(handler=run)
@@ -270,6 +293,9 @@ def run(args: argparse.Namespace) -> int:
         metrics_peers=metrics_peers(args, os.environ.get("POD_NAMESPACE")),
         worker_tmp_size=args.worker_tmp_size,
         sharing=Scope(args.sharing),
+        capacity_requests=args.capacity_requests == "on",
+        capacity_request_timeout=timedelta(seconds=args.capacity_request_timeout_seconds),
+        capacity_request_priority_class=args.capacity_request_priority_class,
     )
     connection = load_connection(args.kubeconfig, context=args.context)
     asyncio.run(_check_reachable(connection))

@@ -23,6 +23,7 @@ from typing import Any
 
 from elastra.controller.manifests import ANNOTATION_NODE, LABEL_JOB
 from elastra.controller.memo import LastOf, LastOfAll, PerKeyOf, PerObject
+from elastra.controller.placeholders import requester
 from elastra.errors import UserError
 from elastra.planner import Inventory, parse_inventory
 from elastra.planner.eligibility import fitted, refused
@@ -190,9 +191,10 @@ def _held_by(pod: JsonDict) -> tuple[str, Resources, str]:
 
     A job's own pods are capacity it may plan with again, except pods being deleted: they
     hold their node's CPU and GPUs until they are gone, so the scheduler would refuse their
-    replacements (a grown world then retried forever, "Insufficient cpu")."""
+    replacements (a grown world then retried forever, "Insufficient cpu"). So are the nodes
+    its capacity-request pods hold (``placeholders``): they were asked for it."""
     deleting = (pod.get("metadata") or {}).get("deletionTimestamp")
-    job = "" if deleting else _labels(pod).get(LABEL_JOB, "")
+    job = "" if deleting else _labels(pod).get(LABEL_JOB) or requester(pod) or ""
     return (*_usage_of(pod), job)
 
 

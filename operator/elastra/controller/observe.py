@@ -225,6 +225,7 @@ def slim_node(node: Mapping[str, Any]) -> JsonDict:
     return {
         "metadata": {
             "name": meta.get("name"),
+            "creationTimestamp": meta.get("creationTimestamp"),
             "labels": meta.get("labels") or {},
             "annotations": {
                 k: v for k, v in annotations.items() if str(k).startswith(NODE_ANNOTATION_PREFIX)
@@ -239,6 +240,20 @@ def slim_node(node: Mapping[str, Any]) -> JsonDict:
             ],
         },
     }
+
+
+def newest_node(nodes: Sequence[Mapping[str, Any]]) -> datetime | None:
+    """When the newest of ``nodes`` was created (``None``: none says); once per listing."""
+    return _NEWEST.get(nodes, _newest_node)
+
+
+def _newest_node(nodes: Sequence[Mapping[str, Any]]) -> datetime | None:
+    stamps = (str((n.get("metadata") or {}).get("creationTimestamp") or "") for n in nodes)
+    times = [parse_time(s, datetime.min.replace(tzinfo=UTC)) for s in stamps if s]
+    return max(times, default=None)
+
+
+_NEWEST: LastOf[Sequence[Mapping[str, Any]], datetime | None] = LastOf()
 
 
 def node_fingerprint(node: Mapping[str, Any]) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -34,10 +35,12 @@ from elastra.controller import metrics
 from elastra.controller.handlers import Runtime, register
 from elastra.controller.leader import LeaderElector, identity
 from elastra.controller.nodewarnings import NodeWarnings
+from elastra.controller.placeholders import priority_class
 from elastra.controller.progress import ProgressReader
 from elastra.controller.settings import OperatorSettings
 from elastra.controller.snapshot import ClusterSnapshot
 from elastra.elastic.share import Scope
+from elastra.kube import resources
 from elastra.kube.client import ApiError, Kube
 from elastra.kube.config import Connection
 from elastra.kube.credentials import REFRESH_MARGIN
@@ -94,7 +97,7 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
     )
     rt = Runtime(
         kube=kube,
-        settings=options.settings,
+        settings=await _with_request_class(kube, options.settings),
         snapshot=snapshot,
         leader=leader,
         progress=progress,
@@ -135,6 +138,26 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
         await rt.stop_all()
         await progress.close()
         await kube.close()
+
+
+async def _with_request_class(kube: Kube, settings: OperatorSettings) -> OperatorSettings:
+    """``settings``, with capacity requests on only if their PriorityClass exists or could be
+    created (``placeholders.priority_class``): without it the API server refuses every one, so
+    the operator says so once and runs without them."""
+    if not settings.capacity_requests:
+        return settings
+    body = priority_class(settings)
+    try:
+        await resources.ensure_priority_class(kube, body)
+    except ApiError as err:
+        log.warning(
+            "capacity requests are off: PriorityClass %s does not exist and could not be "
+            "created (%s); create it (the Helm chart does) or run with --capacity-requests=off",
+            body["metadata"]["name"],
+            err.message,
+        )
+        return dataclasses.replace(settings, capacity_requests=False)
+    return settings
 
 
 class _NoDiffBase(kopf.DiffBaseStorage):

@@ -26,6 +26,7 @@ and ``_pace`` holds back a status that only counts pods, written moments ago (``
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -33,6 +34,7 @@ from enum import StrEnum
 from typing import Any
 
 from elastra.api import (
+    CapacityRequestState,
     Condition,
     ConditionStatus,
     ConditionType,
@@ -44,9 +46,10 @@ from elastra.api import (
     TrainingJobStatus,
     WorldStatus,
 )
-from elastra.controller import admission, lifetime, sharing
+from elastra.controller import admission, capacity_requests, lifetime, sharing
 from elastra.controller.admission import Gate, Hold
 from elastra.controller.capacity import cluster_inventory
+from elastra.controller.capacity_requests import Requests, Want, read_placeholders
 from elastra.controller.children import children, planned_pods
 from elastra.controller.conditions import (
     ConditionReason,
@@ -60,11 +63,13 @@ from elastra.controller.observe import (
     PodFacts,
     WorkerProgress,
     format_time,
+    newest_node,
     node_health,
     parse_time,
     pod_facts,
 )
 from elastra.controller.pacing import status_wait
+from elastra.controller.placeholders import capacity_request_pod
 from elastra.controller.planning import (
     JobPlanner,
     NewPod,
@@ -115,6 +120,8 @@ class Observation:
     """The job's Kueue Workload, read only for a job with the queue-name label."""
     status_written: datetime | None = None
     """When this operator last wrote the job's status (see ``pacing``)."""
+    requests: Sequence[JsonDict] = ()
+    """The job's capacity-request pods (``placeholders``), and those being created."""
 
 
 class EventType(StrEnum):
@@ -158,6 +165,11 @@ class PassPlan:
     """The job's Kueue Workload to delete: finished, evicted and stopped, or resized."""
     delete_job: bool = False
     """Delete the TrainingJob itself: ttlSecondsAfterFinished has passed."""
+    request_creates: tuple[dict[str, Any], ...] = ()
+    """Capacity-request pods to create (``capacity_requests``), after the status write."""
+    request_deletes: tuple[str, ...] = ()
+    """Capacity-request pods to delete, without grace, before any other write: the workers
+    this pass creates on their nodes need their room."""
 
 
 def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> PassPlan:
@@ -174,7 +186,7 @@ def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> Pa
         hold = _hold(job, gate, late)
         plan = _running(obs, facts, gate=gate, hold=hold, settings=settings, now=now)
     plan = _settle(plan, obs, gate=gate, has_pods=bool(facts), settings=settings, now=now)
-    return _pace(plan, obs, now)
+    return _pace(_ended(plan, obs, now), obs, now)
 
 
 def _facts(obs: Observation, now: datetime) -> dict[str, PodFacts]:
@@ -262,7 +274,15 @@ def _running(
     if move is not None:
         placement = Placement(pods=move[1], target=placement.target)
     decision = decide(_resize_input(ctx, desired, placement, move), settings.policy)
-    return _act(ctx, decision, placement, impossible=impossible, backoff_left=backoff_left)
+    requests = _requests(ctx, obs, decision, placement, desired=desired, backoff=backoff_left)
+    return _act(
+        ctx,
+        decision,
+        placement,
+        impossible=impossible,
+        backoff_left=backoff_left,
+        requests=requests,
+    )
 
 
 def _permanent_failure(job: TrainingJob, facts: Mapping[str, PodFacts]) -> str | None:
@@ -307,8 +327,10 @@ def _act(
     *,
     impossible: str | None,
     backoff_left: timedelta | None,
+    requests: Requests,
 ) -> PassPlan:
-    """Carry out the decision: record its world, report the conditions, write the pods."""
+    """Carry out the decision: record its world, report the conditions, write the pods and
+    the job's capacity requests."""
     job = ctx.job
     if _restarts_exhausted(job, decision):
         return _fail(
@@ -322,7 +344,7 @@ def _act(
             ),
         )
     step = _record_world(ctx, decision, placement)
-    status = _report(ctx, step, decision, placement, impossible)
+    status = _report(ctx, step, decision, placement, impossible=impossible, requests=requests)
     pods = children(
         job,
         status,
@@ -333,17 +355,26 @@ def _act(
         now=ctx.now,
     )
     soon = timedelta(seconds=1) if pods.creates or pods.ungate or step.changed else None
+    withdrawn = (
+        (EventSpec(EventType.WARNING, capacity_requests.CAPACITY_UNSATISFIED, requests.event),)
+        if requests.event
+        else ()
+    )
     return PassPlan(
         status=status,
         world_changed=step.changed,
-        events=(*step.events, *_transition_events(job.status, status)),
+        events=(*step.events, *_transition_events(job.status, status), *withdrawn),
         creates=pods.creates,
         patches=pods.patches,
         deletes=pods.deletes,
         force_deletes=tuple(p for p in pods.deletes if ctx.facts[p].node_gone),
         ungate=pods.ungate,
-        requeue=min(decision.recheck_after, Requeue.earliest(backoff_left, soon)),
+        requeue=min(decision.recheck_after, Requeue.earliest(backoff_left, requests.recheck, soon)),
         decision=decision,
+        request_creates=tuple(
+            capacity_request_pod(job, index=i, settings=ctx.settings) for i in requests.create
+        ),
+        request_deletes=requests.delete,
     )
 
 
@@ -490,10 +521,14 @@ def _report(
     step: _WorldStep,
     decision: ResizeDecision,
     placement: Placement,
+    *,
     impossible: str | None,
+    requests: Requests,
 ) -> TrainingJobStatus:
-    """The status to write: the recorded world, its conditions, counts and progress."""
+    """The status to write: the recorded world, its conditions, counts and progress, and the
+    job's capacity request."""
     job, facts = ctx.job, ctx.facts
+    impossible, note = _unplaceable(ctx, impossible, requests)
     recorded = step.status
     members = [facts[p] for p in recorded.world.ranks if p in facts]
     found = Findings(
@@ -508,7 +543,8 @@ def _report(
         impossible=impossible,
         plan_problem=step.problem,
         hold=ctx.hold,
-        note=ctx.note,
+        note=note,
+        capacity=requests.condition(),
     )
     generation = job.metadata.generation
     status = recorded.model_copy(
@@ -524,9 +560,26 @@ def _report(
             "ready_replicas": sum(1 for f in members if f.view.state is WorkerState.READY),
             "selector": selector(job.metadata.name),
             "progress": _progress(job.status, ctx.progress, version=recorded.world.version),
+            "capacity_request": requests.record,
         }
     )
     return status.model_copy(update={"phase": phase_of(status.conditions)})
+
+
+def _unplaceable(
+    ctx: _Pass, impossible: str | None, requests: Requests
+) -> tuple[str | None, tuple[str, str] | None]:
+    """Why the job is not admitted, and admission's note, with its capacity requests: a job
+    whose GPU type has no node yet is admitted while the autoscaler is asked for one, and
+    refused once that request went unanswered (the message says so)."""
+    if impossible is None:
+        return None, ctx.note
+    if requests.open:
+        asked = f"{impossible}; asked the cluster's autoscaler for such nodes"
+        return None, ctx.note or (capacity_requests.CAPACITY_REQUESTED, asked)
+    if requests.unsatisfied and requests.record is not None:
+        return f"{impossible}; {requests.record.message}", ctx.note
+    return impossible, ctx.note
 
 
 def _forming(
@@ -619,6 +672,58 @@ def _move(ctx: _Pass, desired: int) -> tuple[Move, tuple[NewPod, ...]] | None:
     )
     move = Move(leave=frozenset(PodName(p) for p in found.leave), create=len(found.pods), gain=gain)
     return move, found.pods
+
+
+def _requests(
+    ctx: _Pass,
+    obs: Observation,
+    decision: ResizeDecision,
+    placement: Placement,
+    *,
+    desired: int,
+    backoff: timedelta | None,
+) -> Requests:
+    """The job's capacity requests this pass (see ``capacity_requests``); with the setting
+    off, any left from when it was on go."""
+    job, now = ctx.job, ctx.now
+    existing = read_placeholders(job.metadata.name, obs.requests, now=now)
+    if not ctx.settings.capacity_requests:
+        return Requests(delete=tuple(p.name for p in existing if not p.deleting))
+    gone = decision.delete | decision.retire
+    kept = [f for f in ctx.facts.values() if _staying(f) and f.name not in gone]
+    waiting = Counter(new.node for new in placement.pods[: decision.create])
+    waiting.update(str(f.view.node) for f in kept if not f.bound and f.view.node)
+    recorded = job.status.capacity_request
+    unsatisfied = recorded is not None and recorded.state is CapacityRequestState.UNSATISFIED
+    target = placement.target
+    want = Want(
+        desired=desired,
+        have=len(kept) + decision.create,
+        short=None if backoff is not None else placement.limited and not placement.unformable,
+        prefers_fewer=target is not None and not placement.limited and target < desired,
+        held=ctx.hold is not None or decision.completed,
+        waiting=waiting,
+        generation=job.metadata.generation or 0,
+        newest_node=newest_node(obs.nodes) if unsatisfied else None,
+    )
+    timeout = ctx.settings.capacity_request_timeout
+    return capacity_requests.decide(want, existing, recorded, timeout=timeout, now=now)
+
+
+def _ended(plan: PassPlan, obs: Observation, now: datetime) -> PassPlan:
+    """A job that ended asks for no nodes: its capacity requests go, and so does their record."""
+    if plan.status.phase not in (Phase.SUCCEEDED, Phase.FAILED):
+        return plan
+    existing = read_placeholders(obs.job.metadata.name, obs.requests, now=now)
+    status = plan.status
+    if status.capacity_request is not None:
+        status = status.model_copy(update={"capacity_request": None})
+    return replace(
+        plan,
+        status=status,
+        request_creates=(),
+        request_deletes=tuple(p.name for p in existing if not p.deleting),
+    )
 
 
 def _settle(

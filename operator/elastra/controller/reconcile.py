@@ -92,7 +92,7 @@ async def reconcile(
         now = clock()
         observed = _observe(snapshot, job, report=report, workload=workload)
         plan = plan_pass(observed, settings, now)
-        snapshot.reserve(plan.creates)
+        snapshot.reserve((*plan.creates, *plan.request_creates))
         await _apply(
             kube, snapshot, raw, plan, service=headless_service(job), settings=settings, now=now
         )
@@ -130,6 +130,7 @@ def _observe(
         priorities=cluster.priorities,
         workload=workload,
         status_written=snapshot.status_written(namespace, name),
+        requests=snapshot.capacity_requests(namespace, name),
     )
 
 
@@ -158,10 +159,16 @@ async def _apply(
     settings: OperatorSettings,
     now: datetime,
 ) -> None:
-    """Write the plan in the protocol's order; reservations of creates not made are dropped."""
+    """Write the plan in the protocol's order; reservations of creates not made are dropped.
+
+    Capacity-request pods in the way of this pass's workers go first, without grace (they run
+    nothing): a ResourceQuota holding just the job's GPUs would refuse the workers while they
+    still count. New capacity requests go after the status write that records them.
+    """
     meta = raw["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     try:
+        await _delete_requests(kube, namespace, plan.request_deletes, settings)
         await _create_and_record(
             kube, snapshot, raw, plan, service=service, settings=settings, now=now
         )
@@ -170,6 +177,7 @@ async def _apply(
         if plan.workload_create:
             await workloads.create_workload(kube, namespace, plan.workload_create)
         await _delete_pods(kube, namespace, plan, settings)
+        await _create_requests(kube, snapshot, raw, plan.request_creates, settings)
         await _patch_pods(kube, snapshot, namespace, plan.patches, settings)
         ungate = tuple((p, {"spec": {"schedulingGates": None}}) for p in plan.ungate)
         await _together(
@@ -180,7 +188,7 @@ async def _apply(
             ),
         )
     finally:
-        snapshot.release(plan.creates)
+        snapshot.release((*plan.creates, *plan.request_creates))
     if plan.delete_job:
         log.info("job %s/%s: ttlSecondsAfterFinished has passed; deleting it", namespace, name)
         await workloads.delete_job(kube, namespace, name, uid=meta.get("uid"))
@@ -306,6 +314,53 @@ async def _delete_pods(
     )
 
 
+async def _delete_requests(
+    kube: Kube, namespace: str, names: Sequence[str], settings: OperatorSettings
+) -> None:
+    """Delete capacity-request pods at once: they hold a node's room for workers, run
+    nothing, and the workers waiting for that room start only once they are gone."""
+    await gather_limited(
+        settings.concurrency,
+        *(resources.delete_pod(kube, namespace, n, grace_seconds=0) for n in names),
+    )
+
+
+async def _create_requests(
+    kube: Kube,
+    snapshot: ClusterSnapshot,
+    raw: JsonDict,
+    pods: Sequence[JsonDict],
+    settings: OperatorSettings,
+) -> None:
+    """Create capacity-request pods; a create the cluster refuses by its own rules (a quota, a
+    webhook, a missing PriorityClass) is said on the job before the pass fails."""
+
+    async def create(pod: JsonDict) -> None:
+        try:
+            answer = await resources.create_pod(kube, namespace, pod)
+        except BaseException:
+            snapshot.unreserve(pod)
+            raise
+        snapshot.created(pod, answer)
+
+    namespace = raw["metadata"]["namespace"]
+    try:
+        await gather_limited(settings.concurrency, *(create(pod) for pod in pods))
+    except ApiError as err:
+        if err.status in REFUSED:
+            await events.record_event(
+                kube,
+                raw,
+                kind="Warning",
+                reason=ConditionReason.FAILED_CREATE,
+                message=(
+                    f"the API server refused a capacity-request pod: {err.message}; the "
+                    "cluster's autoscaler is not asked for nodes until it accepts one"
+                ),
+            )
+        raise
+
+
 async def _patch_pods(
     kube: Kube,
     snapshot: ClusterSnapshot,
@@ -361,6 +416,8 @@ def _writes(raw: JsonDict, plan: PassPlan) -> int:
         + len(plan.creates)
         + len(plan.ungate)
         + len(plan.events)
+        + len(plan.request_creates)
+        + len(plan.request_deletes)
         + int(plan.workload_create is not None)
         + int(plan.workload_delete is not None)
         + int(plan.delete_job)

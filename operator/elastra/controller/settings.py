@@ -98,3 +98,12 @@ class OperatorSettings:
     sharing: Scope = Scope.NAMESPACE
     """Which jobs give GPUs to a job starved below its minimum (``elastra.elastic.share``):
     none, those of its namespace, or those of every namespace; never one of higher priority."""
+    capacity_requests: bool = True
+    """Ask the cluster's autoscaler for nodes when a job wants more workers than the nodes hold:
+    capacity-request pods, one per missing worker (``capacity_requests``; docs/autoscaling.md)."""
+    capacity_request_timeout: timedelta = timedelta(seconds=600)
+    """How long a capacity request may go unanswered (a pod not bound, or bound to a node the
+    job cannot use) before it is withdrawn and reported."""
+    capacity_request_priority_class: str = "elastra-capacity-request"
+    """The PriorityClass of capacity-request pods: below every default pod's priority and with
+    ``preemptionPolicy: Never`` (a pod may not set that itself), so they never evict anyone."""

@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 from elastra.controller.manifests import LABEL_JOB
 from elastra.controller.memo import PerObject
 from elastra.controller.observe import slim_node, slim_pod
+from elastra.controller.placeholders import requester
 from elastra.controller.sharing import priorities
 from elastra.elastic.share import NO_CLASSES, Priorities
 from elastra.kube import resources
@@ -80,10 +81,11 @@ class _Reservation:
 
 
 def job_of(pod: Mapping[str, object]) -> tuple[str, str] | None:
-    """(namespace, job) of an Elastra worker pod; ``None`` for any other pod."""
+    """(namespace, job) of an Elastra worker pod or capacity-request pod (``placeholders``):
+    a change to either wakes the job; ``None`` for any other pod."""
     meta = pod.get("metadata") or {}
     assert isinstance(meta, Mapping)
-    job = (meta.get("labels") or {}).get(LABEL_JOB)
+    job = (meta.get("labels") or {}).get(LABEL_JOB) or requester(pod)
     return (str(meta.get("namespace") or ""), str(job)) if job else None
 
 
@@ -189,7 +191,15 @@ class ClusterSnapshot:
         return self.jobs.get(namespace, name)
 
     def job_pods(self, namespace: str, name: str) -> list[JsonDict]:
-        """The job's cached pods, and those it is creating that the cache does not show yet."""
+        """The job's cached worker pods, and those it is creating that the cache does not show
+        yet."""
+        return [p for p in self._children(namespace, name) if requester(p) is None]
+
+    def capacity_requests(self, namespace: str, name: str) -> list[JsonDict]:
+        """The job's capacity-request pods (``placeholders``), as ``job_pods`` its workers."""
+        return [p for p in self._children(namespace, name) if requester(p) is not None]
+
+    def _children(self, namespace: str, name: str) -> list[JsonDict]:
         cached = self.pods.indexed((namespace, name))
         seen = {key_of(p) for p in cached}
         extra = [

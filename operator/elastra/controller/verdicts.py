@@ -50,6 +50,9 @@ class Findings:
     hold: Hold | None = None
     note: tuple[str, str] | None = None
     """Admission's reason and message for Admitted (Kueue), if it gave one."""
+    capacity: tuple[str, str] | None = None
+    """The reason and message of the job's request for nodes (``capacity_requests``), while
+    it asks or once it went unanswered."""
 
 
 def admitted(found: Findings) -> Verdict:
@@ -69,6 +72,8 @@ def placed(found: Findings) -> Verdict:
     message = f"{len(found.live) - len(unbound)} of {live} bound"
     if found.impossible is not None:
         reason, message = ConditionReason.UNPLACEABLE, found.impossible
+    elif not live and found.capacity is not None:
+        reason, message = found.capacity
     elif not live and found.placement.reason:
         reason, message = ConditionReason.INSUFFICIENT_CAPACITY, found.placement.reason
     elif unbound or found.creating:
@@ -119,7 +124,7 @@ def _degradation(found: Findings) -> tuple[str, str] | None:
     if found.impossible is not None:
         return None
     if decision.degraded:
-        return decision.reason.value, found.plan_problem or decision.message
+        return decision.reason.value, _asked(found.plan_problem or decision.message, found)
     if found.plan_problem is not None:
         return ConditionReason.BELOW_DESIRED, found.plan_problem
     return _shortage(found) if _short(found) else None
@@ -133,7 +138,12 @@ def _shortage(found: Findings) -> tuple[str, str]:
         message += f"; {found.replicas} cannot: {placement.short_reason}"
     if placement.unformable:
         return ConditionReason.SIZE_UNFORMABLE, message
-    return ConditionReason.BELOW_DESIRED, message
+    return ConditionReason.BELOW_DESIRED, _asked(message, found)
+
+
+def _asked(message: str, found: Findings) -> str:
+    """``message`` and what the job asked the autoscaler for, if it asks."""
+    return f"{message}; {found.capacity[1]}" if found.capacity is not None else message
 
 
 def _short(found: Findings) -> bool:

@@ -88,6 +88,13 @@ def priority_classes_informer(kube: Kube, *, watch_timeout_s: float) -> Informer
     )
 
 
+async def ensure_priority_class(kube: Kube, body: JsonDict) -> None:
+    """Create a PriorityClass unless one of that name exists (read first: a class the chart
+    made needs no right to create one)."""
+    if await kube.get(f"{PRIORITY_CLASSES}/{body['metadata']['name']}") is None:
+        await kube.create(PRIORITY_CLASSES, body)
+
+
 async def create_pod(kube: Kube, namespace: str, pod: JsonDict) -> JsonDict | None:
     """Create a pod; ``None`` when it already exists."""
     return await kube.create(pods_path(namespace), pod)

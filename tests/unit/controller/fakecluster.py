@@ -46,6 +46,8 @@ class FakeCluster:
     events: list[tuple[str, str]] = field(default_factory=list)
     status_written: datetime | None = None
     """When a pass last wrote the status (``pacing`` holds back counts written moments ago)."""
+    requests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The job's capacity-request pods (``placeholders``)."""
 
     @property
     def job(self) -> TrainingJob:
@@ -58,13 +60,23 @@ class FakeCluster:
         reconciler would: at a refused gated pod before the status; at the batch's last pod
         (created together with the status) after it, before any other write."""
         pods = list(self.pods.values())
-        obs = Observation(self.job, pods, self.nodes, pods, status_written=self.status_written)
+        requests = list(self.requests.values())
+        obs = Observation(
+            self.job,
+            pods,
+            self.nodes,
+            pods + requests,
+            status_written=self.status_written,
+            requests=requests,
+        )
         plan = plan_pass(obs, self.settings, self.now)
         self._apply(plan, refused)
         self.now += timedelta(seconds=seconds)
         return plan
 
     def _apply(self, plan: PassPlan, refused: frozenset[str]) -> None:
+        for name in plan.request_deletes:
+            self.requests.pop(name, None)
         gated = [p for p in plan.creates if p["spec"].get("schedulingGates")]
         last = [p for p in plan.creates if not p["spec"].get("schedulingGates")]
         self._create([p for p in gated if p["metadata"]["name"] not in refused])
@@ -88,14 +100,17 @@ class FakeCluster:
             meta["labels"] = {k: v for k, v in meta["labels"].items() if v is not None}
         for name in plan.ungate:
             self.pods[name]["spec"].pop("schedulingGates", None)
+        self._create(list(plan.request_creates), into=self.requests)
         self.events.extend((e.reason, e.message) for e in plan.events)
 
-    def _create(self, pods: list[dict[str, Any]]) -> None:
+    def _create(
+        self, pods: list[dict[str, Any]], *, into: dict[str, dict[str, Any]] | None = None
+    ) -> None:
         for pod in pods:
             created = copy.deepcopy(pod)
             created["metadata"]["creationTimestamp"] = self.stamp()
             created["status"] = {"phase": "Pending"}
-            self.pods[created["metadata"]["name"]] = created
+            (self.pods if into is None else into)[created["metadata"]["name"]] = created
 
     def stamp(self) -> str:
         return self.now.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -277,9 +278,13 @@ def test_a_permanent_failure_carries_the_workers_line_into_the_condition() -> No
 
 
 def test_unplaceable_job_creates_nothing_and_says_why() -> None:
-    cluster = FakeCluster(job(worker={"gpus": 8, "gpuTypes": ["T4"], "image": "x"}), h100s(4))
+    """Without capacity requests (``--capacity-requests=off``) nothing can bring a T4 node:
+    the job is not admitted. With them, see the capacity-request transcripts below."""
+    settings = OperatorSettings(capacity_requests=False)
+    worker = {"gpus": 8, "gpuTypes": ["T4"], "image": "x"}
+    cluster = FakeCluster(job(worker=worker), h100s(4), settings)
     plan = cluster.step()
-    assert not plan.creates
+    assert not plan.creates and not plan.request_creates
     admitted = next(c for c in plan.status.conditions if c.type == "Admitted")
     assert admitted.status == "False" and admitted.reason == "Unplaceable"
     assert any(e.type == "Warning" for e in plan.events)
@@ -534,7 +539,8 @@ def test_suspend_resets_the_start_time_so_the_deadline_counts_afresh() -> None:
 
 def test_progress_makes_an_event_only_when_it_clears_a_warning() -> None:
     h100_only = {"gpus": 8, "gpuTypes": ["H100"], "image": "elastra-worker:dev"}
-    cluster = FakeCluster(job(worker=h100_only), [node("a100-0", product="A100")], SETTINGS)
+    no_requests = replace(SETTINGS, capacity_requests=False)  # an Unplaceable job to clear
+    cluster = FakeCluster(job(worker=h100_only), [node("a100-0", product="A100")], no_requests)
     refused = cluster.step()
     assert ("Warning", "Unplaceable") in [(e.type, e.reason) for e in refused.events]
     cluster.nodes += h100s(4)
@@ -561,3 +567,173 @@ def test_the_leader_label_follows_rank_0_and_costs_no_write_of_its_own() -> None
     assert status.world.version > first.world.version
     assert leaders() == [next(p.pod for p in status.placement if p.rank == 0)]
     assert all(ANNOTATION_ASSIGNMENT in body["metadata"]["annotations"] for _, body in patched)
+
+
+# Capacity requests (``capacity_requests``, ``placeholders``): a job short of nodes asks the
+# cluster's autoscaler for them. ``provision`` plays the autoscaler.
+
+
+def provision(cluster: FakeCluster, products: list[str]) -> list[str]:
+    """An autoscaler's answer: one node per product for the oldest pending capacity
+    requests, each request bound to its node."""
+    pending = [r for r in cluster.requests.values() if not r["spec"].get("nodeName")]
+    made = []
+    for request, product in zip(pending, products, strict=False):
+        name = f"auto-{len(cluster.nodes)}"
+        made_node = node(name, product=product)
+        made_node["metadata"]["creationTimestamp"] = cluster.stamp()
+        cluster.nodes.append(made_node)
+        request["spec"]["nodeName"] = name
+        request["status"] = {"phase": "Running"}
+        made.append(name)
+    return made
+
+
+def consolidate(cluster: FakeCluster) -> None:
+    """An autoscaler's removal of the nodes no worker and no capacity request is on."""
+    used = {p["metadata"]["annotations"]["elastra.dev/node"] for p in cluster.pods.values()}
+    used |= {r["spec"].get("nodeName") for r in cluster.requests.values()}
+    cluster.nodes = [n for n in cluster.nodes if n["metadata"]["name"] in used]
+
+
+def request_writes(plan: Any) -> int:
+    return len(plan.request_creates) + len(plan.request_deletes)
+
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def test_from_zero_a_job_asks_for_nodes_forms_on_them_and_grows() -> None:
+    cluster = FakeCluster(job(replicas=4), [], SETTINGS)
+    first = cluster.step()
+    assert not first.creates
+    assert [p["metadata"]["name"] for p in first.request_creates] == [
+        "gpt-cr0", "gpt-cr1", "gpt-cr2", "gpt-cr3"]  # fmt: skip
+    status = cluster.job.status
+    assert status.capacity_request is not None and status.capacity_request.workers == 4
+    assert conditions(status)["Placed"][:2] == ("False", "CapacityRequested")
+    assert cluster.step().request_creates == (), "asked once, not on every pass"
+
+    on = provision(cluster, [H100, H100])
+    formed = cluster.step()
+    assert sorted(p["metadata"]["annotations"]["elastra.dev/node"] for p in formed.creates) == on
+    assert sorted(formed.request_deletes) == ["gpt-cr0", "gpt-cr1"], "their room goes to workers"
+    assert cluster.job.status.world.replicas == 2
+    assert cluster.job.status.capacity_request is not None
+    assert cluster.job.status.capacity_request.workers == 2
+    cluster.converge()
+    assert cluster.job.status.phase == "Degraded" and len(cluster.requests) == 2
+
+    provision(cluster, [H100, H100])
+    cluster.converge()
+    status = cluster.job.status
+    assert status.world.replicas == 4 and status.phase == "Running"
+    assert not cluster.requests and status.capacity_request is None
+    for _ in range(5):
+        cluster.schedule_and_run()
+        assert request_writes(cluster.step()) == 0
+
+
+def test_a_request_nobody_answers_is_withdrawn_said_once_and_made_again_for_a_new_node() -> None:
+    h100_only = {"gpus": 8, "gpuTypes": ["H100"], "image": "elastra-worker:dev"}
+    cluster = FakeCluster(job(worker=h100_only), [node("a100-0", product="A100")], SETTINGS)
+    first = cluster.step()
+    assert len(first.request_creates) == 4
+    assert conditions(cluster.job.status)["Admitted"][:2] == ("True", "CapacityRequested"), (
+        "no H100 node yet: admitted while the autoscaler is asked for one"
+    )
+    waited = cluster.step(seconds=599)
+    assert waited.requeue <= Requeue.after(timedelta(seconds=600))
+    withdrawn = cluster.step()
+    assert sorted(withdrawn.request_deletes) == [f"gpt-cr{i}" for i in range(4)]
+    assert [e.reason for e in withdrawn.events].count("CapacityUnsatisfied") == 1
+    status = cluster.job.status
+    assert status.capacity_request is not None
+    assert status.capacity_request.state == "Unsatisfied"
+    admitted = conditions(status)["Admitted"]
+    assert admitted[:2] == ("False", "Unplaceable") and "no autoscaler gave nodes" in admitted[2]
+    for _ in range(3):
+        quiet = cluster.step(seconds=60)
+        assert request_writes(quiet) == 0
+    assert [r for r, _ in cluster.events].count("CapacityUnsatisfied") == 1
+
+    added = node("a100-1", product="A100")
+    added["metadata"]["creationTimestamp"] = cluster.stamp()
+    cluster.nodes.append(added)
+    again = cluster.step()
+    assert len(again.request_creates) == 4, "a node was added: asked again"
+
+
+def test_a_planner_preferring_fewer_workers_declines_the_rest_once() -> None:
+    """Under the cost objective the planner runs 2 of 4 on four nodes; without the other two
+    it would be short again. The request ends Declined and is not made again."""
+    model = {"layers": 32, "hiddenSize": 4096, "ffnHiddenSize": 11008, "attentionHeads": 32,
+             "vocabSize": 32000, "sequenceLength": 4096}  # fmt: skip
+    cheap = job(replicas=4, placement={"objective": "cost"}, model=model)
+    cluster = FakeCluster(cheap, [], SETTINGS)
+    cluster.step()
+    provision(cluster, [H100] * 4)
+    declined = cluster.step()
+    assert len(declined.creates) == 2
+    assert sorted(declined.request_deletes) == [f"gpt-cr{i}" for i in range(4)]
+    assert cluster.job.status.capacity_request is not None
+    assert cluster.job.status.capacity_request.state == "Declined"
+    consolidate(cluster)
+    assert len(cluster.nodes) == 2
+    for _ in range(5):
+        cluster.schedule_and_run()
+        assert request_writes(cluster.step()) == 0, "the autoscaler removed the empty nodes"
+    assert cluster.job.status.world.replicas == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [({"suspend": True}, "suspended"), ({"replicas": 2}, "scaled down to the world it has")],
+)
+def test_requests_go_when_the_job_no_longer_wants_them(change: dict[str, Any], why: str) -> None:
+    cluster = FakeCluster(job(replicas=4), h100s(2), SETTINGS)
+    cluster.converge()
+    assert len(cluster.requests) == 2 and cluster.job.status.world.replicas == 2
+    cluster.job_body["spec"].update(change)
+    cluster.job_body["metadata"]["generation"] = 2
+    cluster.step()
+    assert not cluster.requests, why
+    assert cluster.job.status.capacity_request is None
+
+
+def test_a_failed_job_leaves_no_request() -> None:
+    cluster = FakeCluster(job(replicas=4), h100s(2), SETTINGS)
+    cluster.converge()
+    assert len(cluster.requests) == 2 and cluster.job.status.world.replicas == 2
+    cluster.fail("gpt-w0", 2)
+    cluster.step()
+    assert cluster.job.status.phase == "Failed"
+    assert not cluster.requests and cluster.job.status.capacity_request is None
+
+
+def test_without_capacity_requests_nothing_is_asked() -> None:
+    cluster = FakeCluster(job(replicas=4), [], replace(SETTINGS, capacity_requests=False))
+    plan = cluster.step()
+    assert not plan.request_creates and cluster.job.status.capacity_request is None
+    assert conditions(cluster.job.status)["Placed"][1] == "InsufficientCapacity"
+
+
+def test_a_pool_of_two_types_gives_a_mixed_plan() -> None:
+    """The requests of a job that may mix H100 and A100 take turns preferring each; an
+    autoscaler that follows the preference brings both, and the planner mixes them."""
+    both = {"gpus": 8, "gpuTypes": ["H100", "A100"], "image": "elastra-worker:dev"}
+    mixed = job(replicas=4, worker=both, placement={"heterogeneous": True})
+    cluster = FakeCluster(mixed, [], SETTINGS)
+    cluster.step()
+    products = []
+    for request in sorted(cluster.requests.values(), key=lambda r: r["metadata"]["name"]):
+        preferred = request["spec"]["affinity"]["nodeAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ][0]["preference"]["matchExpressions"][0]["values"]
+        products.append(H100 if "p5.48xlarge" in preferred else "NVIDIA-A100-SXM4-80GB")
+    assert products == [H100, "NVIDIA-A100-SXM4-80GB"] * 2
+    provision(cluster, products)
+    cluster.converge()
+    plan = cluster.job.status.plan
+    assert plan is not None and cluster.job.status.world.replicas == 4
+    assert len(plan.gpu_types) == 2, plan.gpu_types
