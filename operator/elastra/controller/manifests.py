@@ -25,6 +25,10 @@ them with what exists and sends only the difference. Choices a reader should kno
   their job only (rendezvous, the TCPStore, collectives: any port), and from the operator's
   pods (and scrapers the installer names) on the metrics port. Egress stays open (object
   storage, DNS). Policies are additive: a user may let more in with a policy of their own.
+- **Tolerations**: the operator's (``--toleration``), the template's, then, as Kubernetes'
+  ExtendedResourceToleration admission plugin would add them (it is off by default), the
+  ``NoSchedule`` taint of each extended resource the pod requests: a GPU pod tolerates the
+  taint of the GPUs it asks for, ``nvidia.com/gpu`` or ``amd.com/gpu`` by its planned node.
 - **The template** (``spec.worker.template``): its allow-listed fields are added to what
   Elastra builds; the API server has already rejected any that Elastra owns. Elastra's own
   labels, env and volumes come last, so they win a clash.
@@ -48,9 +52,10 @@ from elastra.api.podtemplate import (
     TemplateContainer,
     TemplateMetadata,
 )
-from elastra.controller.settings import GPU_TOLERATION, OperatorSettings
+from elastra.controller.settings import OperatorSettings
 from elastra.planner.catalog import CATALOG, NVIDIA_GPU, matches, resource_of
-from elastra.planner.scheduling import PodConstraints
+from elastra.planner.eligibility import WorkerConstraints, is_extended, requested_toleration
+from elastra.planner.scheduling import PodConstraints, Toleration
 from elastra_worker.assignment import Assignment, CheckpointSpec, Plan
 
 LABEL_JOB = "elastra.dev/job"
@@ -322,7 +327,7 @@ def _pod_spec(
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": settings.termination_grace_seconds,
         "affinity": _affinity(node, extra.affinity),
-        "tolerations": [*_tolerations(job, settings), *(t.to_wire() for t in extra.tolerations)],
+        "tolerations": _own_tolerations(settings, template),
         "securityContext": _pod_security_context(restricted=restricted),
         "containers": [
             _worker_container(job, template.worker_additions(), settings, resource=resource),
@@ -342,27 +347,61 @@ def _pod_spec(
         spec["serviceAccountName"] = extra.service_account_name
     if extra.image_pull_secrets:
         spec["imagePullSecrets"] = [s.to_wire() for s in extra.image_pull_secrets]
+    spec["tolerations"] += _requested_tolerations(spec)
     return spec
 
 
-def worker_constraints(job: TrainingJob, settings: OperatorSettings) -> PodConstraints:
+def worker_constraints(job: TrainingJob, settings: OperatorSettings) -> WorkerConstraints:
     """What kube-scheduler will read of the job's worker pods to judge a node (tolerations,
     node selector, required node affinity, requests), from the very spec ``worker_pod``
-    builds, less the pin to a planned node: the planner's nodes are the scheduler's."""
+    builds, less the pin to a planned node: the planner's nodes are the scheduler's. The GPUs
+    are requested by one vendor's resource here; the planner judges each node with its own
+    type's (``eligibility.as_built_for``), as ``worker_pod`` builds the pod planned there."""
     template = job.spec.worker.template or PodTemplate()
+    resource = gpu_resource(job, "")
     spec = _pod_spec(
         job, template, name=pod_name(job.metadata.name, 0), node=None, settings=settings,
-        gated=False, resource=gpu_resource(job, ""),
+        gated=False, resource=resource,
     )  # fmt: skip
-    return PodConstraints.of_pod_spec(spec, where=f"the worker pods of {job.metadata.name}")
+    pod = PodConstraints.of_pod_spec(spec, where=f"the worker pods of {job.metadata.name}")
+    if not job.spec.worker.gpus:
+        return WorkerConstraints.of(pod, gpu_resource="", gpu_toleration_added=False)
+    own = _parsed(_own_tolerations(settings, template))
+    added = requested_toleration(resource) not in own
+    return WorkerConstraints.of(pod, gpu_resource=resource, gpu_toleration_added=added)
 
 
-def _tolerations(job: TrainingJob, settings: OperatorSettings) -> list[dict[str, Any]]:
-    """The operator's configured tolerations, and the GPU taint's for GPU jobs."""
-    tolerations = [t.to_wire() for t in settings.tolerations]
-    if job.spec.worker.gpus:
-        tolerations.append(GPU_TOLERATION.to_wire())
-    return tolerations
+def _own_tolerations(settings: OperatorSettings, template: PodTemplate) -> list[dict[str, Any]]:
+    """The operator's configured tolerations, then the template's."""
+    extra = template.pod_spec()
+    return [*(t.to_wire() for t in settings.tolerations), *(t.to_wire() for t in extra.tolerations)]
+
+
+def _requested_tolerations(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What the ExtendedResourceToleration admission plugin would add to a pod with ``spec``
+    (Kubernetes 1.36): for each extended resource a container or init container requests (a
+    limit alone counts, the API server makes it the request too), in name order, its
+    ``NoSchedule`` taint tolerated with any value, unless the pod has that toleration."""
+    containers = [*spec.get("containers", ()), *spec.get("initContainers", ())]
+    names = {
+        name
+        for container in containers
+        for part in ("requests", "limits")
+        for name in (container.get("resources") or {}).get(part) or {}
+        if is_extended(name)
+    }
+    present = _parsed(spec.get("tolerations") or [])
+    added = [requested_toleration(name) for name in sorted(names)]
+    return [
+        {"key": t.key, "operator": t.operator, "effect": t.effect}
+        for t in added
+        if t not in present
+    ]
+
+
+def _parsed(tolerations: list[dict[str, Any]]) -> frozenset[Toleration]:
+    """Tolerations as the scheduler compares them (fields left out are empty)."""
+    return frozenset(PodConstraints.of_pod_spec({"tolerations": tolerations}).tolerations)
 
 
 def _affinity(node: str | None, extra: Affinity | None) -> dict[str, Any]:

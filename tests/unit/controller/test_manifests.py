@@ -27,15 +27,18 @@ from elastra.controller.manifests import (
     worker_pod,
 )
 from elastra.controller.settings import (
-    GPU_TOLERATION,
     OperatorSettings,
     PodPeer,
     Toleration,
 )
 from elastra.errors import UserError
+from elastra.planner.eligibility import WorkerConstraints, as_built_for
+from elastra.planner.inventory import parse_inventory
 from elastra.planner.scheduling import NodeFacts, PodConstraints, Taint, refusal
 from elastra_worker.assignment import Plan
 from tests.cases.specs import DELETE, FULL_TEMPLATE, apply_edits, base_manifest
+from tests.unit.planner.nodes import node as planner_node
+from tests.unit.planner.nodes import node_list
 from tests.unit.test_helm_chart import restricted_violations
 
 NODE = "h100-3"
@@ -108,13 +111,58 @@ def test_configmap_volume_is_added_and_mounted_beside_elastras() -> None:
     assert mounts["/checkpoints"]["name"] == "checkpoints"
 
 
+def requested(resource: str) -> dict[str, str]:
+    """The toleration ExtendedResourceToleration admission gives a pod requesting ``resource``."""
+    return {"key": resource, "operator": "Exists", "effect": "NoSchedule"}
+
+
 def test_tolerations_are_added_to_elastras() -> None:
     assert templated()["spec"]["tolerations"] == [
         KWOK.to_wire(),
-        GPU_TOLERATION.to_wire(),
         {"key": "example.com/dedicated", "operator": "Equal", "value": "nlp",
          "effect": "NoSchedule"},
+        requested("nvidia.com/gpu"),
     ]  # fmt: skip
+
+
+GPU_EXISTS = requested("nvidia.com/gpu")
+GPU_PRESENT = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present"}
+EFA = "vpc.amazonaws.com/efa"
+
+
+@pytest.mark.parametrize(
+    ("edits", "gpu_type", "added"),
+    [
+        ({}, "H100-SXM-80GB", ["nvidia.com/gpu"]),
+        ({"spec.worker.gpuTypes": ["MI300X", "H100"]}, "MI300X", ["amd.com/gpu"]),
+        ({"spec.worker.gpus": 0, "spec.worker.gpuTypes": DELETE}, "CPU", []),
+        # the template's own is the very toleration: not added twice
+        ({"spec.worker.template": {"spec": {"tolerations": [GPU_EXISTS]}}}, "H100", []),
+        # one with a value tolerates less: the plugin's is added beside it
+        ({"spec.worker.template": {"spec": {"tolerations": [GPU_PRESENT]}}}, "H100",
+         ["nvidia.com/gpu"]),
+        # every extended resource requested, in name order; native ones never
+        ({"spec.worker.resources": {"requests": {EFA: "4", "hugepages-2Mi": "1Gi"},
+                                    "limits": {EFA: "4", "hugepages-2Mi": "1Gi"}}},
+         "H100", ["nvidia.com/gpu", EFA]),
+        # a sidecar's limit alone is a request (the API server defaults one to the other)
+        ({"spec.worker.template": {"spec": {"containers": [
+            {"name": "rdma", "image": "r:1", "resources": {"limits": {"rdma/ib": "1"}}}]}}},
+         "H100", ["nvidia.com/gpu", "rdma/ib"]),
+    ],
+)  # fmt: skip
+def test_a_pod_tolerates_the_taint_of_each_extended_resource_it_requests(
+    edits: dict[str, Any], gpu_type: str, added: list[str]
+) -> None:
+    """As Kubernetes' ExtendedResourceToleration admission plugin would (read from its 1.36
+    source): after the operator's and the template's, ``Exists``/``NoSchedule``."""
+    job = job_of(edits)
+    pod = worker_pod(
+        job, slot=0, node=NODE, gpu_type=gpu_type, assignment="{}", version=1, settings=SETTINGS
+    )
+    own = [KWOK.to_wire(), *(job.spec.worker.template.to_wire()["spec"].get("tolerations", [])
+                              if job.spec.worker.template else [])]  # fmt: skip
+    assert pod["spec"]["tolerations"] == [*own, *(requested(r) for r in added)]
 
 
 @pytest.mark.parametrize(
@@ -546,7 +594,11 @@ def test_the_planner_judges_nodes_by_the_pods_own_constraints_less_the_pin(
     pinned = pod["spec"]["affinity"]["nodeAffinity"][REQUIRED]["nodeSelectorTerms"]
     assert sum(bool(t.get("matchFields")) for t in pinned) == pinned_terms
     unpinned = {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": terms}}}
-    assert constraints == PodConstraints.of_pod_spec({**pod["spec"], "affinity": unpinned})
+    assert constraints == WorkerConstraints.of(
+        PodConstraints.of_pod_spec({**pod["spec"], "affinity": unpinned}),
+        gpu_resource="nvidia.com/gpu",
+        gpu_toleration_added=True,
+    )
     assert constraints.requests.get("nvidia.com/gpu") == job.spec.worker.gpus
     keys = {t.key for t in constraints.tolerations}
     assert {"kwok.x-k8s.io/node", "nvidia.com/gpu", "example.com/dedicated"} <= keys
@@ -557,6 +609,55 @@ def test_the_planner_judges_nodes_by_the_pods_own_constraints_less_the_pin(
         facts = NodeFacts(name=name, labels=node_labels, taints=taints)
         planner_says = refusal(constraints, facts) == ""
         assert (refusal(as_created, facts) == "") == (planner_says and name == NODE)
+
+
+GPU_NODES = {
+    str(n.name): n
+    for n in parse_inventory(
+        node_list(
+            planner_node("h100-0"),
+            planner_node("mi300x-0", product=None, resource="amd.com/gpu",
+                         labels={"elastra.dev/gpu-type": "MI300X"}),
+        )
+    ).nodes
+}  # fmt: skip
+
+
+def judged(pod: PodConstraints) -> tuple[Any, ...]:
+    """What the scheduler's filters read, tolerations in any order."""
+    return (set(pod.tolerations), pod.node_selector, pod.required_terms, pod.requests)
+
+
+@pytest.mark.parametrize("node_name", sorted(GPU_NODES))
+@pytest.mark.parametrize(
+    ("gpu_types", "tolerations"),
+    [
+        ([], []),
+        (["MI300X", "H100"], []),
+        (["MI300X"], []),
+        ([], [GPU_EXISTS]),
+        (["MI300X"], [GPU_EXISTS]),
+        (["MI300X", "H100"], [requested("amd.com/gpu"), GPU_EXISTS]),
+    ],
+)
+def test_the_planner_judges_each_node_by_the_pod_built_for_its_gpu_type(
+    node_name: str, gpu_types: list[str], tolerations: list[dict[str, str]]
+) -> None:
+    """On an AMD node the pod requests and tolerates ``amd.com/gpu``, on an NVIDIA node
+    ``nvidia.com/gpu``, whichever resource the job's constraints use; a template's own GPU
+    toleration stays."""
+    edits: dict[str, Any] = {"spec.worker.gpuTypes": gpu_types}
+    if tolerations:
+        edits["spec.worker.template"] = {"spec": {"tolerations": tolerations}}
+    job = job_of(edits)
+    node = GPU_NODES[node_name]
+    pod = worker_pod(
+        job, slot=0, node=node_name, gpu_type=node.gpu_type.name, assignment="{}", version=1,
+        settings=SETTINGS,
+    )  # fmt: skip
+    built = PodConstraints.of_pod_spec({**pod["spec"], "affinity": {}})
+    assert built.requests.get(node.gpu_type.resource) == job.spec.worker.gpus
+    assert judged(as_built_for(worker_constraints(job, SETTINGS), node)) == judged(built)
 
 
 def test_without_a_template_the_constraints_carry_elastras_tolerations_only() -> None:
