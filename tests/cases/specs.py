@@ -221,6 +221,12 @@ INVALID_SPECS: tuple[InvalidCase, ...] = (
         "spec.worker.resources",
         "set GPUs with worker.gpus",
     ),
+    _same(
+        "amd-gpu-in-resources",
+        {"spec.worker.resources": {"requests": {"amd.com/gpu": "8"}}},
+        "spec.worker.resources",
+        "set GPUs with worker.gpus",
+    ),
     InvalidCase(
         "bad-quantity",
         {"spec.worker.resources": {"requests": {"memory": "lots"}}},
@@ -570,6 +576,12 @@ INVALID_SPECS: tuple[InvalidCase, ...] = (
     _same(
         "template-sidecar-gpus",
         _sidecar(resources={"limits": {"nvidia.com/gpu": "1"}}),
+        CONTAINERS,
+        "set GPUs with worker.gpus",
+    ),
+    _same(
+        "template-sidecar-amd-gpus",
+        _sidecar(resources={"limits": {"amd.com/gpu": "1"}}),
         CONTAINERS,
         "set GPUs with worker.gpus",
     ),

@@ -31,6 +31,7 @@ from elastra.api.formats import (
     ResourceName,
 )
 from elastra.api.rules import Rule
+from elastra.planner.catalog import GPU_RESOURCES
 
 WORKER_CONTAINER = "worker"
 """The container that runs the trainer; a template entry with this name adds to it."""
@@ -139,11 +140,18 @@ class PodSecurity(StrEnum):
     BASELINE = "baseline"
 
 
+def _no_gpus_in(field: str) -> str:
+    """CEL: the ResourceList ``field`` names none of the GPU resources."""
+    absent = " && ".join(f"!('{name}' in self.{field})" for name in GPU_RESOURCES)
+    return f"(!has(self.{field}) || ({absent}))"
+
+
 class ResourceRequirements(ApiModel):
     """CPU/memory (and other non-GPU) requests and limits of a container.
 
-    GPUs are not set here: ``worker.gpus`` is the only place, so the planner and the pod
-    spec cannot disagree.
+    GPUs are not set here, of any vendor the catalog knows (``GPU_RESOURCES``: NVIDIA's and
+    AMD's): ``worker.gpus`` is the only place, and the operator requests them by the resource
+    of the planned node's type, so the planner and the pod spec cannot disagree.
     """
 
     requests: dict[ResourceName, Quantity] = Field(
@@ -155,12 +163,12 @@ class ResourceRequirements(ApiModel):
 
     RULES: ClassVar[tuple[Rule, ...]] = (
         Rule(
-            cel=(
-                "(!has(self.requests) || !('nvidia.com/gpu' in self.requests)) && "
-                "(!has(self.limits) || !('nvidia.com/gpu' in self.limits))"
+            cel=f"{_no_gpus_in('requests')} && {_no_gpus_in('limits')}",
+            message=(
+                f"set GPUs with worker.gpus, not in resources ({', '.join(GPU_RESOURCES)}): "
+                "the planner places by it"
             ),
-            message="set GPUs with worker.gpus, not in resources: the planner places by it",
-            check=lambda r: "nvidia.com/gpu" not in r.requests and "nvidia.com/gpu" not in r.limits,
+            check=lambda r: not set(GPU_RESOURCES) & {*r.requests, *r.limits},
         ),
     )
 

@@ -151,7 +151,8 @@ class WorkerSpec(ApiModel):
         default_factory=ResourceRequirements,
         description=(
             "CPU, memory and other resources of the worker container; the GPUs come from "
-            "gpus, which Elastra adds as nvidia.com/gpu."
+            "gpus, which Elastra requests by the planned node's GPU resource (nvidia.com/gpu, "
+            "or amd.com/gpu on AMD nodes)."
         ),
     )
     cpu_ranks: int = Field(

@@ -16,6 +16,8 @@ from elastra.api.base import ApiModel
 from elastra.api.crd import custom_resource_definition
 from elastra.api.formats import is_zero_size
 from elastra.api.rules import Rule
+from elastra.errors import UserError
+from elastra.planner.catalog import GPU_RESOURCES
 from tests.cases.specs import FULL_TEMPLATE, INVALID_SPECS, apply_edits, base_manifest
 
 TEMPLATE_MODELS: tuple[type[ApiModel], ...] = (
@@ -140,3 +142,34 @@ def test_rule_field_paths_name_declared_members() -> None:
 )  # fmt: skip
 def test_zero_size_switches_shm_off(size: str, zero: bool) -> None:
     assert is_zero_size(size) is zero
+
+
+@pytest.mark.parametrize(
+    ("resource", "refused"),
+    [
+        *((name, True) for name in GPU_RESOURCES),
+        ("vpc.amazonaws.com/efa", False),
+        ("cpu", False),
+    ],
+)
+@pytest.mark.parametrize("part", ["requests", "limits"])
+@pytest.mark.parametrize("where", ["spec.worker.resources", "sidecar"])
+def test_no_gpu_resource_the_catalog_knows_is_set_in_resources(
+    resource: str, refused: bool, part: str, where: str
+) -> None:
+    """GPUs come from worker.gpus only, whichever vendor's; other resources pass."""
+    resources = {part: {resource: "1"}}
+    edits: dict[str, Any] = (
+        {where: resources}
+        if where != "sidecar"
+        else {"spec.worker.template": {"spec": {"containers": [
+            {"name": "proxy", "image": "p:1", "resources": resources}]}}}
+    )  # fmt: skip
+    manifest = apply_edits(base_manifest(), edits)
+    if not refused:
+        parse_trainingjob(manifest)
+        return
+    with pytest.raises(UserError, match=r"set GPUs with worker\.gpus, not in resources"):
+        parse_trainingjob(manifest)
+    (rule,) = pt.ResourceRequirements.RULES
+    assert f"'{resource}' in self.{part}" in rule.cel
