@@ -41,6 +41,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 ON_THE_CLUSTER = (
     "test_cpu_tiny.py",
+    "test_gpu_check.py",
     "test_llama_3d.py",
     "test_node_lost.py",
     "test_torchrun.py",
