@@ -6,7 +6,8 @@ The mixed fleet repeats the GPU nodes of the provider fixtures in tests/fixtures
 H100 v5, Karpenter, GFD and AMD's labeller) to 1,000 nodes, each with its provider's labels and
 taints (``nvidia.com/gpu``, AKS's ``sku=gpu``), a third of them also ``dedicated=ml``, a fifth
 a spot taint. The kwok twin has the very same nodes (names, GPU types and counts,
-allocatable) labelled as the local kwok fleet labels them (GFD's product label) and tainted
+allocatable, network bandwidth) labelled as the local kwok fleet labels them (GFD's product
+label, ``elastra.dev/network-gbps`` for the bandwidth the instance type gave) and tainted
 ``kwok.x-k8s.io/node=fake:NoSchedule`` only. One job plans on both: the 7B example without
 its type list, its template tolerating the provider taints and selecting linux/amd64 nodes by
 nodeSelector and required affinity; the operator's toleration is kwok's.
@@ -78,12 +79,12 @@ def mixed_fleet(templates: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def kwok_twin(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The same nodes as the local kwok fleet labels and taints them."""
-    types = {str(n.name): n.gpu_type for n in parse_inventory(nodes).nodes}
+    parsed = {str(n.name): n for n in parse_inventory(nodes).nodes}
     twins = []
     for node in nodes:
         name = node["metadata"]["name"]
         labels = {k: v for k, v in node["metadata"]["labels"].items() if k in KEPT_LABELS}
-        gpu = by_name(types[name].name)
+        gpu = by_name(parsed[name].gpu_type.name)
         labels.update(
             {
                 "kubernetes.io/hostname": name,
@@ -98,7 +99,10 @@ def kwok_twin(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "metadata": {
                     "name": name,
                     "labels": labels,
-                    "annotations": {"kwok.x-k8s.io/node": "fake"},
+                    "annotations": {
+                        "kwok.x-k8s.io/node": "fake",
+                        "elastra.dev/network-gbps": str(parsed[name].network_gbps),
+                    },
                 },
                 "spec": {"taints": [KWOK_TAINT]},
                 "status": copy.deepcopy(node["status"]),

@@ -14,8 +14,9 @@ Rules (docs/architecture.md, "Cluster inventory"):
   annotations or labels; annotations win.
 - GPUs: ``status.allocatable["nvidia.com/gpu"]`` minus what running pods on the node request.
   A node without GPUs is a CPU node; its capacity is allocatable CPU minus pod requests.
-- Network: ``elastra.dev/network-gbps`` (the node's NIC total, Gbit/s), else the catalog's
-  default for the type.
+- Network: ``elastra.dev/network-gbps`` (the node's NIC total, Gbit/s), else Karpenter's
+  ``instance-network-bandwidth`` label or the instance type's documented figure
+  (``providers``), else the catalog's default for the type.
 - Topology: ``topology.kubernetes.io/zone``, ``elastra.dev/block``, ``kubernetes.io/hostname``.
 - Not capacity: not Ready. Excluded nodes are listed with the reason, so a plan can say why
   capacity is missing.

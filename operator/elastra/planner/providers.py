@@ -21,25 +21,40 @@ how many GPUs an instance type has) and reads a node's labels in a documented or
 From 2 on, a label whose value the table does not know is passed over for the next one (a new
 GFD spelling on a p5.48xlarge is still an H100), and named in the reason when none decides.
 The instance type (or Karpenter's ``instance-gpu-count``) also says how many GPUs the node
-should have; the inventory compares that with ``status.allocatable``, which wins.
+should have; the inventory compares that with ``status.allocatable``, which wins. It also gives
+the node's network bandwidth where the provider documents it (``InstanceGpus.network_gbps``):
+the inventory takes it when the node has no ``elastra.dev/network-gbps`` annotation and no
+Karpenter ``instance-network-bandwidth`` label, before the catalog's default for the GPU type
+(a DGX's figure: 1,600 Gbit/s for an A100 node, where a p4d.24xlarge has 400).
 
 Sources, each read for the entries it marks:
   [EC2]   AWS EC2 accelerated computing instance specifications (p3, p4d, p4de, p5, p5e,
           p5en, g4dn, g5, g6, g6e), and the generated instance-type reference of the
           Karpenter AWS provider (website/content/en/docs/reference/instance-types.md):
-          its ``instance-gpu-*`` labels and ``nvidia.com/gpu`` capacity for the same sizes.
+          its ``instance-gpu-*`` labels and ``nvidia.com/gpu`` capacity for the same sizes,
+          and ``instance-network-bandwidth``, the baseline bandwidth EC2 reports for the
+          type (Mbit/s; a size sold as "up to 10 Gigabit" has 2.5 Gbit/s sustained). Read
+          from its release of 2026-08-21; p3, which that release no longer lists, from
+          v1.12's.
   [AZURE] Microsoft Learn, Azure VM size series: ND A100 v4 (8x A100 40GB SXM), NDm A100 v4
           (8x A100 80GB SXM), NC A100 v4 (1/2/4x A100 80GB PCIe), ND H100 v5 (8x H100 SXM),
           ND H200 v5 (8x H200), NC H100 v5 (1/2x H100 NVL), ND MI300X v5 (8x MI300X),
           NCasT4_v3 (1/1/1/4x T4), NDv2 (8x V100 32GB SXM2). AKS labels GPU nodes
-          ``kubernetes.azure.com/accelerator=nvidia``.
+          ``kubernetes.azure.com/accelerator=nvidia``. Network: the ND sizes' InfiniBand, one
+          link per GPU (A100 v4: 8x 200 Gbit/s HDR, 1.6 Tbit/s; H100, H200 and MI300X v5:
+          8x 400 Gbit/s NDR, 3.2 Tbit/s; NDv2: 100 Gbit/s EDR), the NC sizes' "Max
+          Bandwidth" of their Network tab (Ethernet, Mbit/s).
   [GCE]   Google Compute Engine, "GPU machine types": A2 Standard (a2-highgpu-1g..8g,
           a2-megagpu-16g: A100 40GB, ``nvidia-tesla-a100``), A2 Ultra (a2-ultragpu-1g..8g:
           A100 80GB, ``nvidia-a100-80gb``), A3 High/Edge (H100, ``nvidia-h100-80gb``), A3 Mega
           (H100, ``nvidia-h100-mega-80gb``), A3 Ultra (H200, ``nvidia-h200-141gb``), G2 (L4,
           ``nvidia-l4``: 1 GPU for -4/-8/-12/-16/-32, 2 for -24, 4 for -48, 8 for -96), N1 with
           ``nvidia-tesla-t4`` and ``nvidia-tesla-v100`` (16 GB, NVLink). GKE writes the
-          accelerator in ``cloud.google.com/gke-accelerator``.
+          accelerator in ``cloud.google.com/gke-accelerator``. Network: "Networking and GPU
+          machines" (compute/docs/gpus/gpu-network-bandwidth), each series' maximum total
+          bandwidth: A3 Ultra 3,600 Gbit/s, A3 Mega 1,800, A3 High 1,000, A3 Edge 600, A2 and
+          G2 100. The page gives A2, G2 and A3 High as "up to", by machine type, without each
+          type's figure: their smaller types are taken at the series' maximum too.
   [GFD]   NVIDIA GPU Feature Discovery: ``nvidia.com/gpu.product`` is the device name with
           spaces as ``-``, ``-SHARED`` appended when time-sliced, ``-MIG-<profile>`` with the
           single MIG strategy; the mixed strategy advertises ``nvidia.com/mig-<profile>``.
@@ -102,82 +117,89 @@ MI300X = GpuTypeName("MI300X")
 
 @dataclass(frozen=True)
 class InstanceGpus:
-    """What an instance type (VM size, machine type) carries: its GPU type and count."""
+    """What an instance type (VM size, machine type) carries: its GPU type and count, and its
+    network bandwidth in Gbit/s (all its NICs; ``None`` where the provider gives no figure)."""
 
     gpu: GpuTypeName
     count: int
+    network_gbps: float | None = None
 
 
-def _sizes(gpu: GpuTypeName, prefix: str, counts: Mapping[str, int]) -> dict[str, InstanceGpus]:
-    return {f"{prefix}{size}": InstanceGpus(gpu, count) for size, count in counts.items()}
+Size = tuple[int, float]
+"""(GPUs, network Gbit/s) of one size of a family."""
 
 
-_ONE_GPU = dict.fromkeys(("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge"), 1)
-"""The sizes of the g4dn, g5, g6 and g6e families with one GPU [EC2]."""
-_AWS_G_SIZES = {
-    **_ONE_GPU,
-    "12xlarge": 4,
-    "24xlarge": 4,
-    "48xlarge": 8,
-}
-"""GPUs per size of the g5, g6 and g6e families [EC2]."""
+def _sizes(gpu: GpuTypeName, prefix: str, sizes: Mapping[str, Size]) -> dict[str, InstanceGpus]:
+    return {
+        f"{prefix}{size}": InstanceGpus(gpu, count, network)
+        for size, (count, network) in sizes.items()
+    }
+
 
 AWS_INSTANCE_TYPES: Mapping[str, InstanceGpus] = {
-    **_sizes(A100_40, "p4d.", {"24xlarge": 8}),
-    **_sizes(A100_80, "p4de.", {"24xlarge": 8}),
-    **_sizes(H100, "p5.", {"4xlarge": 1, "48xlarge": 8}),
-    **_sizes(H200, "p5e.", {"48xlarge": 8}),
-    **_sizes(H200, "p5en.", {"48xlarge": 8}),
-    **_sizes(V100_16, "p3.", {"2xlarge": 1, "8xlarge": 4, "16xlarge": 8}),
-    **_sizes(V100_32, "p3dn.", {"24xlarge": 8}),
-    **_sizes(T4, "g4dn.", {**_ONE_GPU, "12xlarge": 4, "metal": 8}),
-    **_sizes(A10G, "g5.", _AWS_G_SIZES),
-    **_sizes(L4, "g6.", _AWS_G_SIZES),
-    **_sizes(L40S, "g6e.", _AWS_G_SIZES),
-}
-"""[EC2] instance type -> GPUs."""
+    **_sizes(A100_40, "p4d.", {"24xlarge": (8, 400)}),
+    **_sizes(A100_80, "p4de.", {"24xlarge": (8, 400)}),
+    **_sizes(H100, "p5.", {"4xlarge": (1, 100), "48xlarge": (8, 3200)}),
+    **_sizes(H200, "p5e.", {"48xlarge": (8, 3200)}),
+    **_sizes(H200, "p5en.", {"48xlarge": (8, 3200)}),
+    **_sizes(V100_16, "p3.", {"2xlarge": (1, 2.5), "8xlarge": (4, 10), "16xlarge": (8, 25)}),
+    **_sizes(V100_32, "p3dn.", {"24xlarge": (8, 100)}),
+    **_sizes(T4, "g4dn.", {
+        "xlarge": (1, 5), "2xlarge": (1, 10), "4xlarge": (1, 20), "8xlarge": (1, 50),
+        "16xlarge": (1, 50), "12xlarge": (4, 50), "metal": (8, 100),
+    }),
+    **_sizes(A10G, "g5.", {
+        "xlarge": (1, 2.5), "2xlarge": (1, 5), "4xlarge": (1, 10), "8xlarge": (1, 25),
+        "16xlarge": (1, 25), "12xlarge": (4, 40), "24xlarge": (4, 50), "48xlarge": (8, 100),
+    }),
+    **_sizes(L4, "g6.", {
+        "xlarge": (1, 2.5), "2xlarge": (1, 5), "4xlarge": (1, 10), "8xlarge": (1, 25),
+        "16xlarge": (1, 25), "12xlarge": (4, 40), "24xlarge": (4, 50), "48xlarge": (8, 100),
+    }),
+    **_sizes(L40S, "g6e.", {
+        "xlarge": (1, 2.5), "2xlarge": (1, 5), "4xlarge": (1, 20), "8xlarge": (1, 25),
+        "16xlarge": (1, 35), "12xlarge": (4, 100), "24xlarge": (4, 200), "48xlarge": (8, 400),
+    }),
+}  # fmt: skip
+"""[EC2] instance type -> GPUs, and the baseline network bandwidth."""
 
 AZURE_VM_SIZES: Mapping[str, InstanceGpus] = {
-    "Standard_ND96asr_v4": InstanceGpus(A100_40, 8),
-    "Standard_ND96amsr_A100_v4": InstanceGpus(A100_80, 8),
-    **_sizes(
-        A100_PCIE_80, "Standard_NC", {"24ads_A100_v4": 1, "48ads_A100_v4": 2, "96ads_A100_v4": 4}
-    ),
-    "Standard_ND96isr_H100_v5": InstanceGpus(H100, 8),
-    "Standard_ND96isr_H200_v5": InstanceGpus(H200, 8),
-    "Standard_NC40ads_H100_v5": InstanceGpus(H100_NVL, 1),
-    "Standard_NC80adis_H100_v5": InstanceGpus(H100_NVL, 2),
-    "Standard_ND96isr_MI300X_v5": InstanceGpus(MI300X, 8),
-    **_sizes(T4, "Standard_NC", {"4as_T4_v3": 1, "8as_T4_v3": 1, "16as_T4_v3": 1, "64as_T4_v3": 4}),
-    "Standard_ND40rs_v2": InstanceGpus(V100_32, 8),
-}
-"""[AZURE] VM size -> GPUs."""
+    "Standard_ND96asr_v4": InstanceGpus(A100_40, 8, 1600),
+    "Standard_ND96amsr_A100_v4": InstanceGpus(A100_80, 8, 1600),
+    **_sizes(A100_PCIE_80, "Standard_NC", {
+        "24ads_A100_v4": (1, 20), "48ads_A100_v4": (2, 40), "96ads_A100_v4": (4, 80),
+    }),
+    "Standard_ND96isr_H100_v5": InstanceGpus(H100, 8, 3200),
+    "Standard_ND96isr_H200_v5": InstanceGpus(H200, 8, 3200),
+    "Standard_NC40ads_H100_v5": InstanceGpus(H100_NVL, 1, 40),
+    "Standard_NC80adis_H100_v5": InstanceGpus(H100_NVL, 2, 80),
+    "Standard_ND96isr_MI300X_v5": InstanceGpus(MI300X, 8, 3200),
+    **_sizes(T4, "Standard_NC", {
+        "4as_T4_v3": (1, 8), "8as_T4_v3": (1, 8), "16as_T4_v3": (1, 8), "64as_T4_v3": (4, 32),
+    }),
+    "Standard_ND40rs_v2": InstanceGpus(V100_32, 8, 100),
+}  # fmt: skip
+"""[AZURE] VM size -> GPUs, and the network the GPUs train over (InfiniBand on ND sizes)."""
 
 GCP_MACHINE_TYPES: Mapping[str, InstanceGpus] = {
-    **_sizes(
-        A100_40,
-        "a2-",
-        {"highgpu-1g": 1, "highgpu-2g": 2, "highgpu-4g": 4, "highgpu-8g": 8, "megagpu-16g": 16},
-    ),
-    **_sizes(A100_80, "a2-ultragpu-", {"1g": 1, "2g": 2, "4g": 4, "8g": 8}),
-    **_sizes(
-        H100,
-        "a3-",
-        {
-            "highgpu-1g": 1,
-            "highgpu-2g": 2,
-            "highgpu-4g": 4,
-            "highgpu-8g": 8,
-            "megagpu-8g": 8,
-            "edgegpu-8g": 8,
-        },
-    ),
-    **_sizes(H200, "a3-ultragpu-", {"8g": 8}),
-    **_sizes(
-        L4, "g2-standard-", {"4": 1, "8": 1, "12": 1, "16": 1, "32": 1, "24": 2, "48": 4, "96": 8}
-    ),
-}
-"""[GCE] machine type -> GPUs."""
+    **_sizes(A100_40, "a2-", {
+        "highgpu-1g": (1, 100), "highgpu-2g": (2, 100), "highgpu-4g": (4, 100),
+        "highgpu-8g": (8, 100), "megagpu-16g": (16, 100),
+    }),
+    **_sizes(A100_80, "a2-ultragpu-", {
+        "1g": (1, 100), "2g": (2, 100), "4g": (4, 100), "8g": (8, 100),
+    }),
+    **_sizes(H100, "a3-", {
+        "highgpu-1g": (1, 1000), "highgpu-2g": (2, 1000), "highgpu-4g": (4, 1000),
+        "highgpu-8g": (8, 1000), "megagpu-8g": (8, 1800), "edgegpu-8g": (8, 600),
+    }),
+    **_sizes(H200, "a3-ultragpu-", {"8g": (8, 3600)}),
+    **_sizes(L4, "g2-standard-", {
+        "4": (1, 100), "8": (1, 100), "12": (1, 100), "16": (1, 100), "32": (1, 100),
+        "24": (2, 100), "48": (4, 100), "96": (8, 100),
+    }),
+}  # fmt: skip
+"""[GCE] machine type -> GPUs, and its series' maximum network bandwidth."""
 
 INSTANCE_TYPES: Mapping[str, InstanceGpus] = {
     **AWS_INSTANCE_TYPES,
@@ -237,7 +259,8 @@ class Identified:
     """GPUs the instance type (or Karpenter's ``instance-gpu-count``) says the node has."""
     count_source: str = ""
     network_gbps: float | None = None
-    """The node's network bandwidth as its labels give it (Karpenter's, in Gbit/s)."""
+    """The node's network bandwidth as its labels give it, Gbit/s: Karpenter's label, else
+    the instance type's documented figure; ``None`` when neither does."""
     read: tuple[str, ...] = ()
     custom: str | None = None
     hint: str = ""
@@ -317,7 +340,10 @@ def _count_hint(labels: Mapping[str, str]) -> tuple[int | None, str]:
 
 def _network_hint(labels: Mapping[str, str]) -> float | None:
     mbps = _number(labels.get(LABEL_KARPENTER_NETWORK))
-    return mbps / 1000 if mbps else None
+    if mbps:
+        return mbps / 1000
+    instance, _ = _instance(labels)
+    return instance.network_gbps if instance is not None else None
 
 
 def _hint(labels: Mapping[str, str]) -> str:

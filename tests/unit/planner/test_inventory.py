@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from elastra.errors import UserError
+from elastra.planner.catalog import by_name
 from elastra.planner.inventory import (
     GPUS_NOT_ADVERTISED,
     MIG_PARTITIONED,
@@ -348,6 +349,38 @@ def test_instance_type_count_and_allocatable_disagree_allocatable_wins() -> None
         "node.kubernetes.io/instance-type=p4d.24xlarge has 8 GPUs but status.allocatable "
         "nvidia.com/gpu is 7: planned with 7, the device plugin's count"
     )
+
+
+@pytest.mark.parametrize(
+    ("fixture", "node_name", "gbps"),
+    [
+        ("eks-p4d.yaml", f"ip-10-0-129-47{EKS}", 400.0),  # 4x 100 Gbit/s EFA, not a DGX's 1,600
+        ("eks-p5.yaml", f"ip-10-0-140-18{EKS}", 3200.0),
+        ("eks-g5-nogfd.yaml", f"ip-10-0-81-66{EKS}", 5.0),
+        ("aks-nd-a100-v4.yaml", "aks-ndasr-27418803-vmss000000", 1600.0),
+        ("aks-nd-a100-v4.yaml", "aks-nca100-27418803-vmss000000", 20.0),
+        ("aks-nd-h100-v5.yaml", "aks-mi300x-27418803-vmss000000", 3200.0),
+        ("gke-a2.yaml", "gke-train-a100-40-3f9c2a71-x7kq", 100.0),
+        ("gke-a3.yaml", "gke-train-h100-mega-3f9c2a71-w4jd", 1800.0),
+        ("gke-g2.yaml", "gke-train-l4-8-3f9c2a71-z6ye", 100.0),
+        # no instance type the table knows: the catalog's default for the type
+        ("mixed.yaml", "dgx-h100-0", by_name("H100-SXM-80GB").node_network_gbps),
+    ],
+)
+def test_a_node_without_the_annotation_has_its_instance_types_network(
+    fixture: str, node_name: str, gbps: float
+) -> None:
+    inventory = parse_inventory(yaml.safe_load((FIXTURES / fixture).read_text()))
+    networks = {str(n.name): n.network_gbps for n in inventory.nodes}
+    assert networks[node_name] == gbps
+
+
+def test_the_annotation_wins_over_the_instance_type() -> None:
+    labels = {"node.kubernetes.io/instance-type": "p4d.24xlarge"}
+    annotations = {"elastra.dev/network-gbps": "50"}
+    listed = node("a", product="NVIDIA-A100-SXM4-40GB", labels=labels, annotations=annotations)
+    (only,) = parse_inventory(node_list(listed)).nodes
+    assert only.network_gbps == 50.0
 
 
 def test_karpenter_network_label_is_the_nodes_network() -> None:

@@ -193,9 +193,44 @@ def test_no_type_says_what_was_read(
     assert (found.spelling, found.read, found.custom, found.hint) == (None, read, custom, hint)
 
 
-def test_karpenter_network_label_is_mbps() -> None:
-    assert identify(KARPENTER_P4DE).network_gbps == 400.0
-    assert identify(EKS_P5).network_gbps is None
+def instance(name: str, **more: str) -> dict[str, str]:
+    return {"node.kubernetes.io/instance-type": name, **more}
+
+
+@pytest.mark.parametrize(
+    ("labels", "gbps"),
+    [
+        (KARPENTER_P4DE, 400.0),  # Karpenter's label, in Mbit/s
+        # Karpenter's label is the node's own word, before the table's
+        (instance("p5.48xlarge", **{"karpenter.k8s.aws/instance-network-bandwidth": "100000"}),
+         100.0),
+        (EKS_P5, 3200.0),
+        (instance("p4d.24xlarge"), 400.0),
+        (instance("g5.xlarge"), 2.5),  # sold as "up to 10 Gigabit": its baseline
+        (instance("g6e.48xlarge"), 400.0),
+        (instance("Standard_ND96asr_v4"), 1600.0),
+        (instance("Standard_ND96isr_H100_v5"), 3200.0),
+        (instance("Standard_ND96isr_MI300X_v5"), 3200.0),
+        (instance("Standard_NC24ads_A100_v4"), 20.0),
+        (instance("a2-highgpu-8g"), 100.0),
+        (instance("a3-highgpu-8g"), 1000.0),
+        (instance("a3-megagpu-8g"), 1800.0),
+        (instance("a3-ultragpu-8g"), 3600.0),
+        # no instance type the table knows: no figure (the catalog's default applies)
+        ({"beta.kubernetes.io/instance-type": "p4de.24xlarge"}, 400.0),
+        (instance("m6i.2xlarge"), None),
+        ({"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}, None),
+        ({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "type": "kwok"}, None),
+    ],
+)  # fmt: skip
+def test_network_from_karpenter_or_the_instance_type(
+    labels: dict[str, str], gbps: float | None
+) -> None:
+    assert identify(labels).network_gbps == gbps
+
+
+def test_every_instance_type_has_a_documented_network_figure() -> None:
+    assert all(gpu.network_gbps and gpu.network_gbps > 0 for gpu in INSTANCE_TYPES.values())
 
 
 @pytest.mark.parametrize(
