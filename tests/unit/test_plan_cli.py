@@ -100,7 +100,13 @@ def test_no_fit_exits_3_with_a_reason(tmp_path: Path, capsys: pytest.CaptureFixt
     small.write_text(yaml.safe_dump(nodes))
     status, out = plan_json(capsys, JOB, "--cluster", str(small))
     assert status == 3
-    assert out == {"feasible": False, "reason": out["reason"], "plans": []}
+    assert out == {
+        "feasible": False,
+        "reason": out["reason"],
+        "plans": [],
+        "excludedNodes": [],
+        "nodeNotes": [],
+    }
     assert "T4" in out["reason"]
 
 
@@ -260,8 +266,56 @@ def test_plans_on_provider_fixtures(
     status, out = plan_json(capsys, job, "--cluster", cluster)
     assert status == 0, out["reason"]
     assert out["plans"][0]["gpuTypes"] == case.planned
+    assert {n["name"] for n in out["excludedNodes"]} == case.unusable
     assert main(["plan", job, "--cluster", cluster]) == 0
     assert not_planned_with(capsys.readouterr().out) == case.unusable
+
+
+def provider(fixture: str) -> Case:
+    """The ``PROVIDERS`` case of ``fixture`` (the first)."""
+    return next(c for c in PROVIDERS if c.fixture == fixture)
+
+
+@pytest.mark.parametrize(
+    ("case", "node", "expected"),
+    [
+        (provider("mixed.yaml"), "dgx-a100-mig-0",
+         ("MigPartitioned", "MIG partitions are not planned")),
+        (provider("mixed.yaml"), "ws-rtx4090-0", ("UnknownGpuType", "no known GPU type in")),
+        (provider("mixed.yaml"), "ip-10-9-4-17.ec2.internal",
+         ("GpusNotAdvertised", "the device plugin has not registered")),
+        (provider("karpenter.yaml"), f"ip-10-0-162-40{EKS}", ("UnknownGpuType", "")),
+        # the pool's taint, not tolerated: no category
+        (Case("aks-nd-a100-v4.yaml", 8, 2, {}), "aks-ndasr-27418803-vmss000000",
+         ("", "taint sku=gpu:NoSchedule not tolerated")),
+    ],
+    ids=lambda v: v.fixture if isinstance(v, Case) else None,
+)  # fmt: skip
+def test_json_lists_each_node_not_planned_with_its_reason_and_category(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: Case, node: str,
+    expected: tuple[str, str],
+) -> None:  # fmt: skip
+    """The table's "Nodes not planned with", in the JSON: a category for a node left out for
+    its GPUs ("" for the others: a taint, a selector, not Ready)."""
+    cluster = str(FIXTURES / case.fixture)
+    _, out = plan_json(capsys, provider_job(tmp_path, case), "--cluster", cluster)
+    (listed,) = [n for n in out["excludedNodes"] if n["name"] == node]
+    category, reason = expected
+    assert listed["category"] == category and reason in listed["reason"]
+    assert set(listed) == {"name", "reason", "category"}
+
+
+def test_json_carries_the_nodes_notes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    case = provider("eks-p4d.yaml")
+    cluster = str(FIXTURES / case.fixture)
+    _, out = plan_json(capsys, provider_job(tmp_path, case), "--cluster", cluster)
+    assert out["nodeNotes"] == [
+        {
+            "name": f"ip-10-0-131-201{EKS}",
+            "message": "node.kubernetes.io/instance-type=p4d.24xlarge has 8 GPUs but "
+            "status.allocatable nvidia.com/gpu is 7: planned with 7, the device plugin's count",
+        }
+    ]
 
 
 def test_an_untolerated_pool_is_listed_with_its_taint(

@@ -8,7 +8,11 @@ the GPU toleration, and the operator's own tolerations, given here as ``--tolera
 ``elastra run``; every other node is listed with the reason (a GPU type no label names, MIG
 partitions, a taint, ...). Exit status: 0 a plan fits, 3 none fits (the reason is printed), 2
 bad input (one line naming the file, field or node: a node without a name, a figure that is
-not a number). ``--output json`` prints the contract in ``elastra.planner.plan``.
+not a number). ``--output json`` prints the contract in ``elastra.planner.plan``, and as the
+table does, every node not planned with (``excludedNodes``: name, reason and, for a node left
+out for its GPUs, the category ``UnknownGpuType``, ``MigPartitioned`` or
+``GpusNotAdvertised``) and what a node's labels say that its capacity contradicts
+(``nodeNotes``).
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{args.job}: {err}") from None
     result = plan_job(requirements, inventory, top_k=args.top)
     if args.output == "json":
-        print(json.dumps(result_to_dict(result), indent=2))
+        print(json.dumps({**result_to_dict(result), **nodes_to_dict(inventory)}, indent=2))
     else:
         print(render_table(result, inventory, title=f"{job.metadata.name} on {args.cluster}"))
     return 0 if result.feasible else EXIT_NO_PLAN
@@ -134,6 +138,17 @@ def render_table(result: PlanResult, inventory: Inventory, *, title: str) -> str
     for rejection in result.rejections:
         lines.append(f"  {rejection.category} x{rejection.count}: e.g. {rejection.example}")
     return "\n".join([*lines, *_nodes(inventory)])
+
+
+def nodes_to_dict(inventory: Inventory) -> dict[str, Any]:
+    """The nodes the table lists after the plans, in the JSON form: those not planned with,
+    why, and the notes on nodes whose labels and capacity disagree."""
+    return {
+        "excludedNodes": [
+            {"name": n.name, "reason": n.reason, "category": n.category} for n in inventory.excluded
+        ],
+        "nodeNotes": [{"name": n.name, "message": n.message} for n in inventory.notes],
+    }
 
 
 def _nodes(inventory: Inventory) -> list[str]:
