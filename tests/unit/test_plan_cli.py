@@ -42,6 +42,7 @@ PREDICTED_KEYS = {
     "tflopsPerGpu",
     "mfu",
     "peakMemoryGiB",
+    "peakMemoryGiBByType",
     "bottleneck",
 }
 RANK_KEYS = {"rank", "node", "gpuType", "dpRank", "tpRank", "ppStage"}
@@ -77,6 +78,37 @@ def test_example_json_follows_the_contract(capsys: pytest.CaptureFixture[str]) -
     predicted = best["predicted"]
     assert predicted["tflopsPerGpu"] >= predicted["mfu"] * 312 * 0.99  # executed >= model FLOPs
     assert 0 < predicted["mfu"] < 1 and predicted["peakMemoryGiB"] <= 80
+    by_type = predicted["peakMemoryGiBByType"]
+    assert set(by_type) == set(best["gpuTypes"])
+    assert max(by_type.values()) == predicted["peakMemoryGiB"]
+
+
+def test_a_mix_whose_types_need_different_memory_says_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Six 4-GPU pods on 4 H100 pods + 2 A100-40GB pods: the A100-40GB replica runs one
+    micro-batch and needs 18.9 GiB of its 36, the H100s 55.3; both outputs say so."""
+    spec = yaml.safe_load(Path(JOB).read_text())
+    spec["spec"].update(replicas=6, minReplicas=6, maxReplicas=6)
+    spec["spec"]["worker"].update(gpus=4, gpuTypes=["H100", "A100-40GB"])
+    spec["spec"]["training"]["globalBatchSize"] = 24
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    nodes = yaml.safe_load(Path(NODES).read_text())
+    h100 = [n for n in nodes["items"] if "H100" in str(n["metadata"]["labels"])][:2]
+    a100 = next(n for n in nodes["items"] if "A100" in str(n["metadata"]["labels"]))
+    a100["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-A100-SXM4-40GB"
+    nodes["items"] = [*h100, a100]
+    cluster = tmp_path / "nodes.yaml"
+    cluster.write_text(yaml.safe_dump(nodes))
+    status, out = plan_json(capsys, str(job), "--cluster", str(cluster))
+    assert status == 0
+    predicted = out["plans"][0]["predicted"]
+    by_type = {name: round(gib, 1) for name, gib in predicted["peakMemoryGiBByType"].items()}
+    assert by_type == {"H100-SXM-80GB": 55.3, "A100-SXM-40GB": 18.9}
+    assert main(["plan", str(job), "--cluster", str(cluster)]) == 0
+    table = capsys.readouterr().out
+    assert "peak 55.3 GiB/GPU (H100-SXM-80GB 55.3, A100-SXM-40GB 18.9)" in table
 
 
 def test_example_table_is_one_screen() -> None:

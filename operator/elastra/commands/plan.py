@@ -174,6 +174,16 @@ def _nodes(inventory: Inventory) -> list[str]:
     return lines
 
 
+def _peak_memory(plan: Plan) -> str:
+    """``peak 28.5 GiB/GPU``; per type when a mix's types need different amounts (a type whose
+    replicas run fewer micro-batches than ``pp`` holds fewer in flight)."""
+    peak = f"peak {plan.predicted.peak_memory_gib:.1f} GiB/GPU"
+    needs = [(s.gpu_type, f"{s.peak_memory_gib:.1f}") for s in plan.types]
+    if len({need for _, need in needs}) == 1:
+        return peak
+    return peak + " (" + ", ".join(f"{name} {need}" for name, need in needs) + ")"
+
+
 def _describe(plan: Plan) -> list[str]:
     p = plan.predicted
     replicas = " + ".join(f"{s.replicas}x{s.gpu_type}" for s in plan.types)
@@ -191,8 +201,8 @@ def _describe(plan: Plan) -> list[str]:
     else:
         predicted = (
             f"  predicted   step {p.step_time_s:.3g} s, {_si(p.tokens_per_s)} tokens/s, "
-            f"{p.tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {p.mfu:.1%}, peak "
-            f"{p.peak_memory_gib:.1f} GiB/GPU, bottleneck {p.bottleneck}"
+            f"{p.tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {p.mfu:.1%}, {_peak_memory(plan)}, "
+            f"bottleneck {p.bottleneck}"
         )
     lines = [
         f"  GPUs        {plan.gpus} ({_types(plan)}), {plan.hourly_usd:.2f} $/h",

@@ -382,6 +382,8 @@ class StepPrediction:
     tflops_per_gpu: float
     mfu: float
     peak_memory_gib: float
+    """The most memory any GPU of the plan needs, GiB; a mix's types each fit their own
+    (``plan.TypeShare.peak_memory_gib``), which may be less."""
     bottleneck: str
     breakdown: tuple[tuple[str, float], ...]
 

@@ -47,6 +47,10 @@ class TypeShare:
     """Sequences per step of each replica of this type, in data-parallel order; empty: every
     replica takes ``batch_share``. Replicas of one type differ by at most one micro-batch
     (one round of ``pp`` micro-batches with interleaving) when the batch does not divide."""
+    peak_memory_gib: float = 0.0
+    """Predicted peak memory of this type's most loaded GPU, GiB (0 without a model). In a mix
+    it differs by type: a replica running fewer micro-batches than ``pp`` holds fewer in
+    flight; the plan's ``predicted.peak_memory_gib`` is the largest of them."""
 
     @property
     def replica_shares(self) -> tuple[int, ...]:
@@ -184,8 +188,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """One plan in the JSON contract's shape.
 
     ``batchShares`` is per GPU type (its most loaded replica), ``replicaBatchShares`` per
-    data-parallel replica; ``placement`` extends the assignment's ``ranks`` with nodes and
-    types. The other layout fields are the assignment's ``plan`` fields, from ``worker_plan``.
+    data-parallel replica; ``predicted.peakMemoryGiB`` is the most any GPU needs and
+    ``predicted.peakMemoryGiBByType`` what a GPU of each type needs; ``placement`` extends the
+    assignment's ``ranks`` with nodes and types. The other layout fields are the assignment's
+    ``plan`` fields, from ``worker_plan``.
     """
     predicted = plan.predicted
     wire = plan_to_wire(worker_plan(plan))
@@ -208,6 +214,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "tflopsPerGpu": predicted.tflops_per_gpu,
             "mfu": predicted.mfu,
             "peakMemoryGiB": predicted.peak_memory_gib,
+            "peakMemoryGiBByType": {share.gpu_type: share.peak_memory_gib for share in plan.types},
             "bottleneck": predicted.bottleneck,
         },
         "placement": [

@@ -567,7 +567,7 @@ class _Search:
             if split is None:
                 return _Fit(None)
             layout = _Layout(tp, pp, mb, sharding, recompute, interleave)
-            peak, short = self._peak_memory(model, mix, split, layout, dp=sum(replicas))
+            needs, short = self._memory_by_type(model, mix, split, layout, dp=sum(replicas))
             if short is not None:
                 worst = short
                 continue
@@ -577,8 +577,8 @@ class _Search:
                 for pool, ks, slot in zip(mix, split, slots, strict=True)
                 for k, n in sorted(Counter(ks).items(), reverse=True)
             )
-            predicted = self._predict(model, loads, layout, dp_gbs=dp_gbs, peak=peak)
-            shares = _type_shares(job, mix, counts, split, mb)
+            predicted = self._predict(model, loads, layout, dp_gbs=dp_gbs, peak=max(needs))
+            shares = _type_shares(job, mix, counts, split, mb, memory=needs)
             plan = Plan(shares, sum(replicas), tp, pp, mb, sharding, recompute, predicted)
             return _Fit(self._score(dataclasses.replace(plan, interleave=interleave)))
         if worst is None:
@@ -656,7 +656,7 @@ class _Search:
             )
         return split
 
-    def _peak_memory(
+    def _memory_by_type(
         self,
         model: ModelShape,
         mix: tuple[TypePool, ...],
@@ -664,9 +664,13 @@ class _Search:
         layout: _Layout,
         *,
         dp: int,
-    ) -> tuple[float, tuple[str, Recompute, float, float] | None]:
-        """The most memory a GPU of the layout needs, or the first type it does not fit."""
-        peak = 0.0
+    ) -> tuple[tuple[float, ...], tuple[str, Recompute, float, float] | None]:
+        """The most memory a GPU of each type needs, or the first type it does not fit.
+
+        Types differ: a type whose replicas run fewer micro-batches than ``pp`` holds fewer in
+        flight, so in a mix a slow type's GPU can need far less than the fast type's.
+        """
+        needs: list[float] = []
         for pool, ks in zip(mix, split, strict=True):
             held = in_flight(layout.pp, max(ks), layout.interleave)
             key = (*dataclasses.astuple(layout), dp, held)
@@ -685,10 +689,10 @@ class _Search:
                 )
                 self._memory_cache[key] = need
             usable = usable_memory_gib(pool.gpu, self.constants)
-            peak = max(peak, need)
+            needs.append(need)
             if need > usable:
-                return peak, (pool.gpu.name, layout.recompute, need, usable)
-        return peak, None
+                return tuple(needs), (pool.gpu.name, layout.recompute, need, usable)
+        return tuple(needs), None
 
     def _model_free(
         self, mix: tuple[TypePool, ...], counts: tuple[int, ...], replicas: tuple[int, ...]
@@ -900,8 +904,12 @@ def _type_shares(
     counts: tuple[int, ...],
     split: tuple[tuple[int, ...], ...],
     mb: int,
+    *,
+    memory: tuple[float, ...] | None = None,
 ) -> tuple[TypeShare, ...]:
-    """Each type's part of a plan, with its replicas' shares in sequences."""
+    """Each type's part of a plan, with its replicas' shares in sequences and the memory a
+    GPU of the type needs (``memory``, in mix order; none without a model)."""
+    needs = memory if memory is not None else (0.0,) * len(mix)
     return tuple(
         TypeShare(
             pool.gpu.name,
@@ -911,8 +919,9 @@ def _type_shares(
             max(ks) * mb,
             pool.gpu.hourly_usd,
             shares=tuple(k * mb for k in ks) if len(set(ks)) > 1 else (),
+            peak_memory_gib=need,
         )
-        for pool, c, ks in zip(mix, counts, split, strict=True)
+        for pool, c, ks, need in zip(mix, counts, split, needs, strict=True)
     )
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from elastra.planner import JobRequirements, ModelShape, parse_inventory, plan_job
 from elastra.planner.catalog import by_name
 from elastra.planner.inventory import Inventory
+from elastra.planner.perfmodel import usable_memory_gib
+from elastra.planner.search import evaluate_layout
 
 from .nodes import fleet, node, node_list
 
@@ -85,6 +88,73 @@ def test_70b_needs_model_parallelism_or_sharding_on_80gb() -> None:
     best = plan_job(job(model=LLAMA_70B, replicas=16), fleet(h100=16)).plans[0]
     assert best.tp * best.pp > 1 or best.sharding == "full"
     assert best.predicted.peak_memory_gib <= 80
+
+
+SMALL_MIX_JOB = job(
+    global_batch_size=24,
+    replicas=6,
+    min_replicas=6,
+    gpus_per_worker=4,
+    sharding=("none", "optimizer", "full"),
+    heterogeneous=True,
+)
+"""Six 4-GPU pods of a 7B model on 4 H100 pods + 2 A100-40GB pods (a property test's find)."""
+
+
+def test_a_mix_fits_each_type_to_its_own_memory() -> None:
+    """The H100 replicas run 12 and 11 micro-batches and hold pp=4 in flight (55.3 GiB), the
+    A100-40GB replica runs one and holds one (18.9 GiB, under its 36 GiB): the plan fits, and
+    says what each type needs; the plan's peak is the largest of them."""
+    plans = plan_job(SMALL_MIX_JOB, fleet(h100=2, a100_40=1), top_k=3).plans
+    assert plans
+    for plan in plans:
+        needs = [s.peak_memory_gib for s in plan.types]
+        assert plan.predicted.peak_memory_gib == max(needs)
+        assert all(s.peak_memory_gib <= usable_memory_gib(by_name(s.gpu_type)) for s in plan.types)
+    best = plans[0]
+    assert [(s.gpu_type, s.replica_shares) for s in best.types] == [
+        ("H100-SXM-80GB", (12, 11)),
+        ("A100-SXM-40GB", (1,)),
+    ]
+    assert best.predicted.peak_memory_gib > usable_memory_gib(by_name("A100-SXM-40GB"))
+
+
+@pytest.mark.parametrize(
+    ("pods", "peaks", "reason"),
+    [
+        # the A100-40GB replica runs one micro-batch: 18.9 GiB fits its 36 GiB
+        (
+            (("H100-SXM-80GB", 4), ("A100-SXM-40GB", 2)),
+            {"H100-SXM-80GB": 55.3, "A100-SXM-40GB": 18.9},
+            None,
+        ),
+        # alone it runs all 24 and holds 4 in flight (and dp=1 shards nothing)
+        (
+            (("A100-SXM-40GB", 2),),
+            {},
+            "A100-SXM-40GB tp=2 pp=4 mb=1 sharding=optimizer recompute=none: "
+            "needs 61.8 GiB > 36.0 GiB usable",
+        ),
+        ((("H100-SXM-80GB", 2),), {"H100-SXM-80GB": 61.8}, None),
+    ],
+)
+def test_each_type_needs_the_memory_of_its_own_micro_batches_in_flight(
+    pods: tuple[tuple[str, int], ...], peaks: dict[str, float], reason: str | None
+) -> None:
+    result = evaluate_layout(
+        SMALL_MIX_JOB,
+        fleet(h100=2, a100_40=1),
+        pods=pods,
+        tp=2,
+        pp=4,
+        micro_batch=1,
+        sharding="optimizer",
+        recompute="none",
+    )
+    needs = {s.gpu_type: round(s.peak_memory_gib, 1) for p in result.plans for s in p.types}
+    assert needs == peaks
+    assert (result.reason is None) == (reason is None)
+    assert reason is None or (result.reason is not None and reason in result.reason)
 
 
 def test_memory_too_small_everywhere_gives_a_memory_reason() -> None:
