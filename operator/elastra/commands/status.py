@@ -104,6 +104,12 @@ def render(
         f"  progress: step {status.progress.step}, {status.progress.samples_per_second} "
         f"samples/s, last checkpoint step {status.progress.last_checkpoint_step}",
     ]
+    asked = status.capacity_request
+    if asked is not None:
+        lines.append(
+            f"  capacity request: {asked.state}, {asked.workers} workers, since {asked.since}: "
+            f"{asked.message}"
+        )
     plan = status.plan
     if plan is not None:
         lines += [

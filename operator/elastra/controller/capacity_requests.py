@@ -32,19 +32,32 @@ Without flapping:
 - Requests are matched to what exists by name (``placeholders.request_name``), so a pass that
   runs before the cache shows its last creates or deletes repeats them harmlessly.
 
+Elastra's own placements come first. A pending request takes any room that frees up, at once,
+while a job's workers are created only after a pass planned them: a request could take the
+node sharing freed for a starved job, or that a job planned for its workers a moment before.
+So a request bound to a node where another job's worker waits gives way (``Want.contested``),
+and while another job's worker waits for a node this job could use, it creates no new request
+(``Want.hold_new``): the replacement would win the same race again.
+
 Pure: values in, decisions out.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from elastra.api import CapacityRequestState, CapacityRequestStatus
+from elastra.controller.manifests import ANNOTATION_NODE, LABEL_JOB
+from elastra.controller.memo import LastOf
 from elastra.controller.observe import format_time, parse_time
 from elastra.controller.placeholders import index_of
 
+HOLD_RECHECK = timedelta(seconds=2)
+"""How soon a job that held back a request because another job's worker waited looks again."""
 CAPACITY_REQUESTED = "CapacityRequested"
 """Placed False (and Admitted True while no node of the job's GPU type exists yet): the job's
 capacity-request pods wait for the cluster's autoscaler."""
@@ -109,6 +122,11 @@ class Want:
     waiting: Mapping[str, int] = field(default_factory=dict)
     """Workers per node that wait for room there (created this pass, or not bound yet): the
     job's requests on those nodes make way for them."""
+    contested: Mapping[str, int] = field(default_factory=dict)
+    """Other jobs' workers per node that wait for room there: the job's requests on those
+    nodes give way to them."""
+    hold_new: bool = False
+    """Another job's worker waits for a node this job could use: no new request this pass."""
     generation: int = 0
     newest_node: datetime | None = None
     """When the newest node of the cluster was created (a closed request may ask again)."""
@@ -176,7 +194,7 @@ def _keep(
     want: Want, live: Sequence[Placeholder], recorded: CapacityRequestStatus | None
 ) -> Requests:
     """Not judged this pass: only the requests in the way of waiting workers go."""
-    consumed = _consumed(live, want.waiting)
+    consumed = _consumed(live, want)
     return Requests(delete=tuple(p.name for p in consumed), record=recorded)
 
 
@@ -218,7 +236,7 @@ def _request(
     """An open request for ``missing`` workers: consumed and surplus requests go, missing ones
     come; unless one has waited ``timeout``, which withdraws them all."""
     live = [p for p in existing if not p.deleting]
-    consumed = _consumed(live, want.waiting)
+    consumed = _consumed(live, want)
     kept = [p for p in live if p not in consumed]
     expired = [p for p in kept if now - p.created >= timeout]
     if expired:
@@ -227,7 +245,7 @@ def _request(
     kept = [p for p in kept if p not in surplus]
     taken = {p.index for p in existing}  # a name being deleted is not free yet
     free = (i for i in range(len(taken) + missing + 1) if i not in taken)
-    create = tuple(next(free) for _ in range(missing - len(kept)))
+    create = () if want.hold_new else tuple(next(free) for _ in range(missing - len(kept)))
     opened = recorded is not None and recorded.state is CapacityRequestState.REQUESTED
     record = CapacityRequestStatus(
         state=CapacityRequestState.REQUESTED,
@@ -240,11 +258,14 @@ def _request(
         ),
     )
     oldest = min((p.created for p in kept), default=now)
+    recheck = max(oldest + timeout - now, timedelta(0))
+    if want.hold_new and len(kept) < missing:
+        recheck = min(recheck, HOLD_RECHECK)
     return Requests(
         create=create,
         delete=tuple(p.name for p in (*consumed, *surplus)),
         record=record,
-        recheck=max(oldest + timeout - now, timedelta(0)),
+        recheck=recheck,
     )
 
 
@@ -278,9 +299,12 @@ def _give_up(
     return Requests(delete=names, record=record, event=message)
 
 
-def _consumed(live: Sequence[Placeholder], waiting: Mapping[str, int]) -> list[Placeholder]:
-    """Requests bound to nodes where workers wait for room: one per waiting worker."""
-    left = dict(waiting)
+def _consumed(live: Sequence[Placeholder], want: Want) -> list[Placeholder]:
+    """Requests bound to nodes where workers (the job's, or another job's) wait for room: one
+    per waiting worker."""
+    left = dict(want.waiting)
+    for node, count in want.contested.items():
+        left[node] = left.get(node, 0) + count
     out: list[Placeholder] = []
     for p in live:
         if p.node is not None and left.get(p.node, 0) > 0:
@@ -295,3 +319,49 @@ def _surplus(kept: Sequence[Placeholder], count: int) -> list[Placeholder]:
         return []
     order = sorted(kept, key=lambda p: (p.node is not None, -p.index))
     return order[:count]
+
+
+Waiting = Mapping[str, frozenset[tuple[str, str, str]]]
+"""Per planned node, the (namespace, job, pod) of Elastra workers not bound there yet."""
+
+
+def contested(
+    pods: Sequence[Mapping[str, Any]],
+    reserved: Sequence[Mapping[str, Any]],
+    *,
+    namespace: str,
+    job: str,
+) -> Counter[str]:
+    """Other jobs' workers per node that wait to be bound there (gated, or pending), from the
+    cluster's pods (read once per listing) and the pods being created."""
+    listed, creating = _WAITING.get(pods, _waiting), _waiting(reserved)
+    out: Counter[str] = Counter()
+    for node in {*listed, *creating}:
+        owners = listed.get(node, frozenset()) | creating.get(node, frozenset())
+        others = sum(1 for ns, owner, _ in owners if (ns, owner) != (namespace, job))
+        if others:
+            out[node] = others
+    return out
+
+
+def _waiting(pods: Sequence[Mapping[str, Any]]) -> Waiting:
+    by_node: dict[str, set[tuple[str, str, str]]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        job = (meta.get("labels") or {}).get(LABEL_JOB)
+        node = (meta.get("annotations") or {}).get(ANNOTATION_NODE)
+        if job and node and _unbound(pod):
+            owner = (str(meta.get("namespace") or ""), str(job), str(meta.get("name") or ""))
+            by_node.setdefault(str(node), set()).add(owner)
+    return {node: frozenset(owners) for node, owners in by_node.items()}
+
+
+def _unbound(pod: Mapping[str, Any]) -> bool:
+    """Created and waiting to be bound: no node yet, not going away, not ended."""
+    meta = pod.get("metadata") or {}
+    bound = (pod.get("spec") or {}).get("nodeName")
+    phase = (pod.get("status") or {}).get("phase")
+    return not bound and not meta.get("deletionTimestamp") and phase in (None, "Pending")
+
+
+_WAITING: LastOf[Sequence[Mapping[str, Any]], Waiting] = LastOf()

@@ -355,15 +355,11 @@ def _act(
         now=ctx.now,
     )
     soon = timedelta(seconds=1) if pods.creates or pods.ungate or step.changed else None
-    withdrawn = (
-        (EventSpec(EventType.WARNING, capacity_requests.CAPACITY_UNSATISFIED, requests.event),)
-        if requests.event
-        else ()
-    )
+    transitions = _transition_events(job.status, status)
     return PassPlan(
         status=status,
         world_changed=step.changed,
-        events=(*step.events, *_transition_events(job.status, status), *withdrawn),
+        events=(*step.events, *transitions, *_withdrawn(requests, transitions)),
         creates=pods.creates,
         patches=pods.patches,
         deletes=pods.deletes,
@@ -376,6 +372,14 @@ def _act(
         ),
         request_deletes=requests.delete,
     )
+
+
+def _withdrawn(requests: Requests, said: Sequence[EventSpec]) -> tuple[EventSpec, ...]:
+    """The Warning of a capacity request withdrawn unanswered, unless a condition's Event of
+    the pass says it already (Admitted turning False for a type no node has)."""
+    if requests.event is None or any(requests.event in e.message for e in said):
+        return ()
+    return (EventSpec(EventType.WARNING, capacity_requests.CAPACITY_UNSATISFIED, requests.event),)
 
 
 def _restarts_exhausted(job: TrainingJob, decision: ResizeDecision) -> bool:
@@ -696,6 +700,13 @@ def _requests(
     recorded = job.status.capacity_request
     unsatisfied = recorded is not None and recorded.state is CapacityRequestState.UNSATISFIED
     target = placement.target
+    others = capacity_requests.contested(
+        obs.cluster_pods,
+        obs.reserved,
+        namespace=job.metadata.namespace or "",
+        job=job.metadata.name,
+    )
+    usable = {str(n.name) for n in ctx.planner.inventory.nodes} if others else set()
     want = Want(
         desired=desired,
         have=len(kept) + decision.create,
@@ -703,6 +714,8 @@ def _requests(
         prefers_fewer=target is not None and not placement.limited and target < desired,
         held=ctx.hold is not None or decision.completed,
         waiting=waiting,
+        contested=others,
+        hold_new=any(node in usable for node in others),
         generation=job.metadata.generation or 0,
         newest_node=newest_node(obs.nodes) if unsatisfied else None,
     )

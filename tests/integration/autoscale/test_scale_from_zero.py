@@ -223,9 +223,13 @@ def test_a_pool_of_two_gpu_types_gives_a_mixed_plan(scene: Scene) -> None:
         timeout=120,
     )
     assert sorted(running["plan"]["gpuTypes"]) == ["A10G", "L4"], running["plan"]
-    types = sorted(n["metadata"]["labels"]["node.kubernetes.io/instance-type"]
-                   for n in karpenter.nodes(pool.name))  # fmt: skip
-    assert types == ["g5.xlarge", "g6.xlarge"], "one node of each type, one request preferring each"
+    # A request may take the first node that came, whichever type it prefers; Karpenter may
+    # then add one more node, which it removes once it stays empty.
+    made = {n["metadata"]["name"]: n["metadata"]["labels"] for n in karpenter.nodes(pool.name)}
+    types = sorted(
+        made[p["node"]]["node.kubernetes.io/instance-type"] for p in running["placement"]
+    )
+    assert types == ["g5.xlarge", "g6.xlarge"], "on one node of each type, which Karpenter made"
 
 
 def test_a_request_no_pool_can_answer_is_withdrawn_and_said_once(scene: Scene) -> None:
@@ -262,6 +266,7 @@ def test_a_request_no_pool_can_answer_is_withdrawn_and_said_once(scene: Scene) -
         timeout=30,
     )
     assert requests_of(cluster, namespace) == [], "not asked again: nothing changed"
-    said = [e for e in jobs.events("wants-h100") if e["reason"] == "CapacityUnsatisfied"]
+    said = [e for e in jobs.events("wants-h100") if "no autoscaler" in e.get("message", "")]
     assert len(said) == 1 and said[0].get("count", 1) == 1, said
+    assert said[0]["reason"] == "Unplaceable", "Admitted turning False says it, once"
     assert karpenter.nodes(pool.name) == [], "no pool offers an H100"

@@ -220,6 +220,11 @@ def test_operator_killed_mid_reconcile_converges(
 def test_unplaceable_job_says_why_once_and_creates_nothing(
     cluster: Cluster, jobs: Jobs, operator: OperatorProcess
 ) -> None:
+    """Without capacity requests: with them (the default) the job first asks the autoscaler
+    for an MI300X node and says so when none came (tests/integration/autoscale)."""
+    operator.stop()
+    operator.extra_args = ("--capacity-requests=off",)
+    operator.start()
     jobs.apply(gpu_job("nowhere", replicas=2, worker={
         "gpus": 8, "gpuTypes": ["MI300X"], "image": "elastra-worker:dev"}))  # fmt: skip
     status = jobs.wait(

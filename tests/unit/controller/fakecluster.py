@@ -48,6 +48,8 @@ class FakeCluster:
     """When a pass last wrote the status (``pacing`` holds back counts written moments ago)."""
     requests: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The job's capacity-request pods (``placeholders``)."""
+    others: list[dict[str, Any]] = field(default_factory=list)
+    """Pods of other jobs and workloads (capacity the job does not have)."""
 
     @property
     def job(self) -> TrainingJob:
@@ -65,7 +67,7 @@ class FakeCluster:
             self.job,
             pods,
             self.nodes,
-            pods + requests,
+            pods + requests + self.others,
             status_written=self.status_written,
             requests=requests,
         )

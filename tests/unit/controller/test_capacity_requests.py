@@ -11,11 +11,14 @@ from elastra.api import CapacityRequestState, CapacityRequestStatus
 from elastra.controller.capacity_requests import (
     CAPACITY_REQUESTED,
     CAPACITY_UNSATISFIED,
+    HOLD_RECHECK,
     Placeholder,
     Want,
+    contested,
     decide,
     read_placeholders,
 )
+from elastra.controller.manifests import ANNOTATION_NODE, LABEL_JOB
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 TIMEOUT = timedelta(seconds=600)
@@ -139,6 +142,15 @@ CASES = [
     Case("backoff still makes way for waiting workers", want(short=None, waiting={"n2": 1}),
          existing=(held(0), held(1, "n2")), recorded=record(REQUESTED, workers=2),
          delete=("gpt-cr1",), state=REQUESTED, workers=2),
+    Case("another job's worker waits where a request is bound: it gives way, none replaces it",
+         want(contested={"n1": 1}, hold_new=True), existing=(held(0, "n1"), held(1)),
+         recorded=record(REQUESTED, workers=4), delete=("gpt-cr0",), state=REQUESTED,
+         workers=4),
+    Case("another job's worker waits for a usable node: no new request yet",
+         want(hold_new=True), existing=(held(0),), recorded=record(REQUESTED, workers=4),
+         state=REQUESTED, workers=4),
+    Case("another job's worker elsewhere: asked as usual", want(contested={"n9": 2}),
+         create=(0, 1, 2, 3), state=REQUESTED, workers=4),
 ]  # fmt: skip
 
 
@@ -213,3 +225,33 @@ def test_read_placeholders_takes_the_jobs_requests_only() -> None:
     ]
     assert found[0].created == NOW, "not created yet (a reservation): as old as now"
     assert found[1].created == NOW - timedelta(seconds=60)
+
+
+def test_a_request_held_back_looks_again_soon() -> None:
+    out = decide(want(hold_new=True), (), None, timeout=TIMEOUT, now=NOW)
+    assert out.create == () and out.recheck == HOLD_RECHECK
+
+
+def pod(name: str, job: str, *, node: str | None = None, bound: bool = False,
+        namespace: str = "ns", **meta: str) -> dict[str, object]:  # fmt: skip
+    annotations = {ANNOTATION_NODE: node} if node else {}
+    return {
+        "metadata": {"name": name, "namespace": namespace, "labels": {LABEL_JOB: job},
+                     "annotations": annotations, **meta},
+        "spec": {"nodeName": node if bound else None},
+        "status": {"phase": "Running" if bound else "Pending"},
+    }  # fmt: skip
+
+
+def test_contested_counts_other_jobs_workers_waiting_for_their_planned_node() -> None:
+    pods = (
+        pod("gpt-w0", "gpt", node="n1"),  # the job's own: not contested
+        pod("bert-w0", "bert", node="n1"),
+        pod("bert-w1", "bert", node="n2", bound=True),  # bound: waits for nothing
+        pod("bert-w2", "bert", node="n3", deletionTimestamp="2026-01-01T00:00:00Z"),
+        pod("gpt-w0", "gpt", node="n4", namespace="other"),  # same name, another namespace
+        pod("plain", "", node="n5"),
+    )
+    reserved = (pod("bert-w0", "bert", node="n1"), pod("bert-w3", "bert", node="n6"))
+    found = contested(pods, reserved, namespace="ns", job="gpt")
+    assert found == {"n1": 1, "n4": 1, "n6": 1}, "a pod both listed and reserved counts once"

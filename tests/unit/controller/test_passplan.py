@@ -612,6 +612,7 @@ def test_from_zero_a_job_asks_for_nodes_forms_on_them_and_grows() -> None:
     status = cluster.job.status
     assert status.capacity_request is not None and status.capacity_request.workers == 4
     assert conditions(status)["Placed"][:2] == ("False", "CapacityRequested")
+    assert "capacity request: Requested, 4 workers" in render(cluster.job, [])
     assert cluster.step().request_creates == (), "asked once, not on every pass"
 
     on = provision(cluster, [H100, H100])
@@ -646,7 +647,8 @@ def test_a_request_nobody_answers_is_withdrawn_said_once_and_made_again_for_a_ne
     assert waited.requeue <= Requeue.after(timedelta(seconds=600))
     withdrawn = cluster.step()
     assert sorted(withdrawn.request_deletes) == [f"gpt-cr{i}" for i in range(4)]
-    assert [e.reason for e in withdrawn.events].count("CapacityUnsatisfied") == 1
+    said = [(e.type, e.reason) for e in withdrawn.events if "no autoscaler" in e.message]
+    assert said == [("Warning", "Unplaceable")], "said once, by Admitted turning False"
     status = cluster.job.status
     assert status.capacity_request is not None
     assert status.capacity_request.state == "Unsatisfied"
@@ -655,13 +657,58 @@ def test_a_request_nobody_answers_is_withdrawn_said_once_and_made_again_for_a_ne
     for _ in range(3):
         quiet = cluster.step(seconds=60)
         assert request_writes(quiet) == 0
-    assert [r for r, _ in cluster.events].count("CapacityUnsatisfied") == 1
+    assert [m for _, m in cluster.events if "no autoscaler" in m] == [said_message(cluster)]
 
     added = node("a100-1", product="A100")
     added["metadata"]["creationTimestamp"] = cluster.stamp()
     cluster.nodes.append(added)
     again = cluster.step()
     assert len(again.request_creates) == 4, "a node was added: asked again"
+
+
+def said_message(cluster: FakeCluster) -> str:
+    record = cluster.job.status.capacity_request
+    assert record is not None
+    return next(m for _, m in cluster.events if record.message in m)
+
+
+def test_a_short_job_whose_request_goes_unanswered_says_so_in_its_own_event() -> None:
+    cluster = FakeCluster(job(replicas=4), h100s(1), SETTINGS)
+    cluster.step()
+    assert len(cluster.requests) == 4
+    cluster.step(seconds=600)
+    withdrawn = cluster.step()
+    reasons = [e.reason for e in withdrawn.events]
+    assert reasons.count("CapacityUnsatisfied") == 1 and not cluster.requests
+    placed = conditions(cluster.job.status)["Placed"]
+    assert placed[:2] == ("False", "CapacityUnsatisfied") and "no autoscaler" in placed[2]
+    for _ in range(3):
+        assert not cluster.step(seconds=60).events
+
+
+def test_a_request_gives_way_to_another_jobs_worker_planned_on_its_node() -> None:
+    """Another job planned its worker on a node a moment before this job's pending request
+    took it: the request goes, and none replaces it until that worker is bound."""
+    cluster = FakeCluster(job(replicas=2), [], SETTINGS)
+    cluster.step()
+    (made,) = provision(cluster, [H100])
+    other = {
+        "metadata": {"name": "bert-w0", "namespace": "default",
+                     "labels": {"elastra.dev/job": "bert"},
+                     "annotations": {"elastra.dev/node": made}},
+        "spec": {"schedulingGates": [{"name": GANG_GATE}],
+                 "containers": [{"resources": {"requests": {"nvidia.com/gpu": "8"}}}]},
+        "status": {"phase": "Pending"},
+    }  # fmt: skip
+    cluster.others.append(other)
+    gave_way = cluster.step()
+    assert gave_way.request_deletes == ("gpt-cr0",) and gave_way.request_creates == ()
+    assert gave_way.requeue <= Requeue.after(timedelta(seconds=2)), "looks again soon"
+    assert cluster.step().request_creates == (), "not while bert-w0 waits"
+    other["spec"] = {**other["spec"], "nodeName": made, "schedulingGates": None}
+    other["status"] = {"phase": "Running"}
+    again = cluster.step()
+    assert [p["metadata"]["name"] for p in again.request_creates] == ["gpt-cr0"]
 
 
 def test_a_planner_preferring_fewer_workers_declines_the_rest_once() -> None:
