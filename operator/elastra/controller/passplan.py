@@ -166,10 +166,10 @@ class PassPlan:
     delete_job: bool = False
     """Delete the TrainingJob itself: ttlSecondsAfterFinished has passed."""
     request_creates: tuple[dict[str, Any], ...] = ()
-    """Capacity-request pods to create (``capacity_requests``), after the status write."""
+    """Capacity-request pods to create (``capacity_requests``), with the pass's first writes."""
     request_deletes: tuple[str, ...] = ()
-    """Capacity-request pods to delete, without grace, before any other write: the workers
-    this pass creates on their nodes need their room."""
+    """Capacity-request pods to delete, without grace, with the pass's first writes: the
+    workers this pass creates on their nodes need their room."""
 
 
 def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> PassPlan:

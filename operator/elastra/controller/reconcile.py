@@ -161,23 +161,28 @@ async def _apply(
 ) -> None:
     """Write the plan in the protocol's order; reservations of creates not made are dropped.
 
-    Capacity-request pods in the way of this pass's workers go first, without grace (they run
-    nothing): a ResourceQuota holding just the job's GPUs would refuse the workers while they
-    still count. New capacity requests go after the status write that records them.
+    Capacity requests are deleted (without grace: they run nothing) and created alongside the
+    pass's first writes, a round trip sooner than in sequence: requests have no place in the
+    protocol, and a worker the scheduler tries before the request on its node is gone is tried
+    again when it goes. A worker create that a ResourceQuota refused because a request still
+    counted is made again by the next pass, the request gone by then (``_together`` ends every
+    write of the round before it raises).
     """
     meta = raw["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     try:
-        await _delete_requests(kube, namespace, plan.request_deletes, settings)
-        await _create_and_record(
-            kube, snapshot, raw, plan, service=service, settings=settings, now=now
+        await _together(
+            _delete_requests(kube, namespace, plan.request_deletes, settings),
+            _create_requests(kube, snapshot, raw, plan.request_creates, settings),
+            _create_and_record(
+                kube, snapshot, raw, plan, service=service, settings=settings, now=now
+            ),
         )
         if plan.workload_delete:
             await workloads.delete_workload(kube, namespace, plan.workload_delete)
         if plan.workload_create:
             await workloads.create_workload(kube, namespace, plan.workload_create)
         await _delete_pods(kube, namespace, plan, settings)
-        await _create_requests(kube, snapshot, raw, plan.request_creates, settings)
         await _patch_pods(kube, snapshot, namespace, plan.patches, settings)
         ungate = tuple((p, {"spec": {"schedulingGates": None}}) for p in plan.ungate)
         await _together(
