@@ -39,7 +39,7 @@ LEASE = "elastra-operator"
 RELEASE_KINDS = (
     "deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,kopfpeerings,"
     "networkpolicies",
-    "clusterroles,clusterrolebindings,clusterkopfpeerings",
+    "clusterroles,clusterrolebindings,clusterkopfpeerings,priorityclasses",
 )
 
 
@@ -384,6 +384,7 @@ def test_operator_works_with_the_chart_rbac_and_uninstall_leaves_nothing(
             f"--toleration={toleration}", "--metrics-port=0", "--health-port=0",
             "--log-format=plain", "--resync-seconds=2", "--grace-seconds=0",
             "--settle-seconds=0", "--cooldown-seconds=0", "--retire-timeout-seconds=1",
+            f"--capacity-request-priority-class={rel.fullname}-capacity-request",  # the chart's
         ]  # fmt: skip
         with log.open("w") as out:
             operator = subprocess.Popen(

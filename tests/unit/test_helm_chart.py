@@ -297,7 +297,7 @@ def test_deployment_runs_one_operator_with_probes_and_resources(default: list[Ma
         "--sharing=namespace",
         "--capacity-requests=on",
         "--capacity-request-timeout-seconds=600",
-        "--capacity-request-priority-class=elastra-capacity-request",
+        f"--capacity-request-priority-class={RELEASE}-capacity-request",  # the chart's own
     ]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"metrics": 8080, "health": 8081}
@@ -376,13 +376,21 @@ def test_sharing_reaches_the_operator_flag(helm: Path, tmp_path: Path, scope: st
 def test_capacity_requests_reach_the_operator_and_bring_their_priority_class(
     helm: Path, tmp_path: Path, default: list[Manifest]
 ) -> None:
-    """On by default, with the class the operator names (value -1, never preempting); off:
-    neither the class nor the requests."""
+    """On by default, with a class of the release's own that the operator names (value -1,
+    never preempting; two releases never share it); a class of the user's: the chart makes
+    none; off: neither the class nor the requests."""
     klass = one(default, "PriorityClass")
     args = container(one(default, "Deployment"))["args"]
     assert f"--capacity-request-priority-class={klass['metadata']['name']}" in args
+    assert klass["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
     assert klass["preemptionPolicy"] == "Never" and klass["value"] == -1
     assert not klass["globalDefault"]
+    mine = render(helm, tmp_path, {"capacityRequests": {"priorityClassName": "team-requests"}})
+    assert not [m for m in mine if m["kind"] == "PriorityClass"]
+    assert (
+        "--capacity-request-priority-class=team-requests"
+        in container(one(mine, "Deployment"))["args"]
+    )
     off = render(helm, tmp_path, {"capacityRequests": {"enabled": False}})
     assert not [m for m in off if m["kind"] == "PriorityClass"]
     assert "--capacity-requests=off" in container(one(off, "Deployment"))["args"]

@@ -55,3 +55,11 @@ app.kubernetes.io/part-of: elastra
 {{- if hasKey . "value" -}}={{ .value }}{{- end -}}
 {{- if .effect -}}:{{ .effect }}{{- end -}}
 {{- end -}}
+
+{{/*
+The PriorityClass of capacity-request pods: the one capacityRequests.priorityClassName names,
+else the release's own (templates/priorityclass.yaml).
+*/}}
+{{- define "elastra.capacityRequestClass" -}}
+{{- .Values.capacityRequests.priorityClassName | default (printf "%s-capacity-request" (include "elastra.fullname" .)) -}}
+{{- end -}}
