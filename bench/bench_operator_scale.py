@@ -730,6 +730,7 @@ def start_operator(kubeconfig: Path, metrics_port: int) -> subprocess.Popen[byte
             f"--namespace={NAMESPACE}", f"--lease-namespace={NAMESPACE}",
             f"--toleration={OPERATOR_TOLERATION}",
             f"--metrics-port={metrics_port}", "--health-port=0", "--log-format=plain",
+            "--capacity-requests=off",  # a fixed fleet: no autoscaler to ask for nodes
             *OPERATOR_ARGS]  # fmt: skip
     if not OPERATOR_LOG:
         return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

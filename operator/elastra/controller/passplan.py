@@ -700,17 +700,18 @@ def _requests(
     recorded = job.status.capacity_request
     unsatisfied = recorded is not None and recorded.state is CapacityRequestState.UNSATISFIED
     target = placement.target
-    others = capacity_requests.contested(
-        obs.cluster_pods,
-        obs.reserved,
-        namespace=job.metadata.namespace or "",
-        job=job.metadata.name,
-    )
+    short = None if backoff is not None else placement.limited and not placement.unformable
+    others: Counter[str] = Counter()
+    if short or existing:  # only a job that asks, or may, reads whose workers wait where
+        namespace = job.metadata.namespace or ""
+        others = capacity_requests.contested(
+            obs.cluster_pods, obs.reserved, namespace=namespace, job=job.metadata.name
+        )
     usable = {str(n.name) for n in ctx.planner.inventory.nodes} if others else set()
     want = Want(
         desired=desired,
         have=len(kept) + decision.create,
-        short=None if backoff is not None else placement.limited and not placement.unformable,
+        short=short,
         prefers_fewer=target is not None and not placement.limited and target < desired,
         held=ctx.hold is not None or decision.completed,
         waiting=waiting,
