@@ -176,7 +176,7 @@ def decide(
     """The requests the job wants now, what to create and delete to get there, and its record."""
     live = [p for p in existing if not p.deleting]
     if want.short is None:
-        return _keep(want, live, recorded)
+        return _keep(want, live, recorded=recorded)
     opened = recorded is not None and recorded.state is CapacityRequestState.REQUESTED
     closed = None if opened else recorded
     missing = max(0, want.desired - want.have)
@@ -187,11 +187,11 @@ def decide(
     if want.prefers_fewer or not want.short:
         declined = want.prefers_fewer and recorded is not None and not closed
         return _withdraw(live, _declined(want, now) if declined else None)
-    return _request(want, existing, recorded, missing=missing, timeout=timeout, now=now)
+    return _request(want, existing, recorded=recorded, missing=missing, timeout=timeout, now=now)
 
 
 def _keep(
-    want: Want, live: Sequence[Placeholder], recorded: CapacityRequestStatus | None
+    want: Want, live: Sequence[Placeholder], *, recorded: CapacityRequestStatus | None
 ) -> Requests:
     """Not judged this pass: only the requests in the way of waiting workers go."""
     consumed = _consumed(live, want)
@@ -227,8 +227,8 @@ def _declined(want: Want, now: datetime) -> CapacityRequestStatus:
 def _request(
     want: Want,
     existing: Sequence[Placeholder],
-    recorded: CapacityRequestStatus | None,
     *,
+    recorded: CapacityRequestStatus | None,
     missing: int,
     timeout: timedelta,
     now: datetime,
@@ -240,7 +240,7 @@ def _request(
     kept = [p for p in live if p not in consumed]
     expired = [p for p in kept if now - p.created >= timeout]
     if expired:
-        return _give_up(want, kept, consumed, timeout=timeout, now=now)
+        return _give_up(want, kept, consumed=consumed, timeout=timeout, now=now)
     surplus = _surplus(kept, len(kept) - missing)
     kept = [p for p in kept if p not in surplus]
     taken = {p.index for p in existing}  # a name being deleted is not free yet
@@ -272,8 +272,8 @@ def _request(
 def _give_up(
     want: Want,
     kept: Sequence[Placeholder],
-    consumed: Sequence[Placeholder],
     *,
+    consumed: Sequence[Placeholder],
     timeout: timedelta,
     now: datetime,
 ) -> Requests:

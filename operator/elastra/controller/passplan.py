@@ -186,7 +186,7 @@ def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> Pa
         hold = _hold(job, gate, late)
         plan = _running(obs, facts, gate=gate, hold=hold, settings=settings, now=now)
     plan = _settle(plan, obs, gate=gate, has_pods=bool(facts), settings=settings, now=now)
-    return _pace(_ended(plan, obs, now), obs, now)
+    return _pace(_ended(plan, obs, now=now), obs, now)
 
 
 def _facts(obs: Observation, now: datetime) -> dict[str, PodFacts]:
@@ -274,7 +274,9 @@ def _running(
     if move is not None:
         placement = Placement(pods=move[1], target=placement.target)
     decision = decide(_resize_input(ctx, desired, placement, move), settings.policy)
-    requests = _requests(ctx, obs, decision, placement, desired=desired, backoff=backoff_left)
+    requests = _requests(
+        ctx, obs, decision=decision, placement=placement, desired=desired, backoff=backoff_left
+    )
     return _act(
         ctx,
         decision,
@@ -532,7 +534,7 @@ def _report(
     """The status to write: the recorded world, its conditions, counts and progress, and the
     job's capacity request."""
     job, facts = ctx.job, ctx.facts
-    impossible, note = _unplaceable(ctx, impossible, requests)
+    impossible, note = _unplaceable(ctx, impossible, requests=requests)
     recorded = step.status
     members = [facts[p] for p in recorded.world.ranks if p in facts]
     found = Findings(
@@ -571,7 +573,7 @@ def _report(
 
 
 def _unplaceable(
-    ctx: _Pass, impossible: str | None, requests: Requests
+    ctx: _Pass, impossible: str | None, *, requests: Requests
 ) -> tuple[str | None, tuple[str, str] | None]:
     """Why the job is not admitted, and admission's note, with its capacity requests: a job
     whose GPU type has no node yet is admitted while the autoscaler is asked for one, and
@@ -681,9 +683,9 @@ def _move(ctx: _Pass, desired: int) -> tuple[Move, tuple[NewPod, ...]] | None:
 def _requests(
     ctx: _Pass,
     obs: Observation,
+    *,
     decision: ResizeDecision,
     placement: Placement,
-    *,
     desired: int,
     backoff: timedelta | None,
 ) -> Requests:
@@ -724,7 +726,7 @@ def _requests(
     return capacity_requests.decide(want, existing, recorded, timeout=timeout, now=now)
 
 
-def _ended(plan: PassPlan, obs: Observation, now: datetime) -> PassPlan:
+def _ended(plan: PassPlan, obs: Observation, *, now: datetime) -> PassPlan:
     """A job that ended asks for no nodes: its capacity requests go, and so does their record."""
     if plan.status.phase not in (Phase.SUCCEEDED, Phase.FAILED):
         return plan

@@ -172,8 +172,8 @@ async def _apply(
     namespace, name = meta["namespace"], meta["name"]
     try:
         await _together(
-            _delete_requests(kube, namespace, plan.request_deletes, settings),
-            _create_requests(kube, snapshot, raw, plan.request_creates, settings),
+            _delete_requests(kube, namespace, names=plan.request_deletes, settings=settings),
+            _create_requests(kube, snapshot, raw=raw, pods=plan.request_creates, settings=settings),
             _create_and_record(
                 kube, snapshot, raw, plan, service=service, settings=settings, now=now
             ),
@@ -320,7 +320,7 @@ async def _delete_pods(
 
 
 async def _delete_requests(
-    kube: Kube, namespace: str, names: Sequence[str], settings: OperatorSettings
+    kube: Kube, namespace: str, *, names: Sequence[str], settings: OperatorSettings
 ) -> None:
     """Delete capacity-request pods at once: they hold a node's room for workers, run
     nothing, and the workers waiting for that room start only once they are gone."""
@@ -333,6 +333,7 @@ async def _delete_requests(
 async def _create_requests(
     kube: Kube,
     snapshot: ClusterSnapshot,
+    *,
     raw: JsonDict,
     pods: Sequence[JsonDict],
     settings: OperatorSettings,
