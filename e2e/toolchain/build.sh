@@ -201,59 +201,73 @@ build() {
   say "built in $((SECONDS - started))s: $(ls "$dest/bin" | tr '\n' ' ')"
 }
 
-# --- Kueue: its own folder and key ------------------------------------------------------------
+# --- Go tools with a folder and key of their own (Kueue, Karpenter) ------------------------
 
-kueue_key() {
-  local v hash
-  v="$(modversion kueue sigs.k8s.io/kueue)" || die "cannot read the sigs.k8s.io/kueue version from $HERE/kueue/go.mod"
-  hash="$( { go env GOVERSION; echo "recipe=$KUEUE_RECIPE";
-             cat "$HERE/kueue/go.mod" "$HERE/kueue/go.sum"; } | sha256sum | cut -c1-12)"
-  printf 'kueue-%s-%s' "$v" "$hash"
+# tool_key NAME MODULE RECIPE -> NAME-<MODULE's version>-<hash of $HERE/NAME's pins and RECIPE>
+tool_key() {
+  local name="$1" module="$2" recipe="$3" v hash
+  v="$(modversion "$name" "$module")" || die "cannot read the $module version from $HERE/$name/go.mod"
+  hash="$( { go env GOVERSION; echo "recipe=$recipe";
+             cat "$HERE/$name/go.mod" "$HERE/$name/go.sum"; } | sha256sum | cut -c1-12)"
+  printf '%s-%s-%s' "$name" "$v" "$hash"
 }
 
-# Kueue's manager, and its CRDs from the same module's source (config/components/crd/bases in
-# the module zip), so the CRDs always match the binary. Nothing of Kueue's is committed here.
-build_kueue() {
-  local key="$1" dest="$CACHE_ROOT/$1" stage log started=$SECONDS v src
+# build_tool KEY NAME LABEL MODULE PACKAGE VERSION_VAR CRD...
+# One Go tool built from the wrapper module $HERE/NAME into its own cache folder KEY: bin/NAME
+# from PACKAGE, with VERSION_VAR (an -X path) set to MODULE's version, and crds/ the CRD files
+# (paths or globs relative to MODULE's source in the module cache) copied from the same
+# module, so the CRDs always match the binary. Nothing of the tool's is committed here.
+build_tool() {
+  local key="$1" name="$2" label="$3" module="$4" pkg="$5" version_var="$6"
+  shift 6
+  local dest="$CACHE_ROOT/$key" stage log started=$SECONDS v src crd
+  local -a crds=()
   stage="$CACHE_ROOT/.build-$key-$$"
   rm -rf "$stage"; mkdir -p "$stage/bin" "$stage/crds"
   log="$CACHE_ROOT/build-$key.log"
   : >"$log"
   trap 'rm -rf "$stage"' EXIT
-  v="$(modversion kueue sigs.k8s.io/kueue)"
-  say "cold Kueue cache: building Kueue $v into $dest (log: $log; about 10 min on 2 cores)"
-  say "[1/2] kueue: downloading modules"
-  (cd "$HERE/kueue" && with_heartbeat "$log" "kueue download" go mod download) ||
-    explain_failure "$log" "downloading the kueue modules"
-  say "[2/2] kueue: go build kueue"
-  (cd "$HERE/kueue" && with_heartbeat "$log" "kueue" \
-    go build -v -p 2 -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$v" \
-      -o "$stage/bin/kueue" sigs.k8s.io/kueue/cmd/kueue) ||
-    explain_failure "$log" "building sigs.k8s.io/kueue/cmd/kueue"
-  src="$(cd "$HERE/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
-  cp "$src"/config/components/crd/bases/*.yaml "$stage/crds/" ||
-    die "no CRDs under $src/config/components/crd/bases"
+  v="$(modversion "$name" "$module")"
+  say "cold $label cache: building $label $v ($pkg) into $dest (log: $log; about 10 min on 2 cores)"
+  say "[1/2] $name: downloading modules"
+  (cd "$HERE/$name" && with_heartbeat "$log" "$name download" go mod download) ||
+    explain_failure "$log" "downloading the $name modules"
+  say "[2/2] $name: go build $pkg"
+  (cd "$HERE/$name" && with_heartbeat "$log" "$name" \
+    go build -v -p 2 -trimpath -ldflags "-s -w -X $version_var=$v" \
+      -o "$stage/bin/$name" "$pkg") ||
+    explain_failure "$log" "building $pkg"
+  src="$(cd "$HERE/$name" && go list -m -f '{{.Dir}}' "$module")"
+  for crd in "$@"; do
+    # shellcheck disable=SC2206  # a CRD path may be a glob: expanded here, on purpose
+    crds+=("$src"/$crd)
+  done
+  cp "${crds[@]}" "$stage/crds/" || die "$label's CRDs are not where $src had them: $*"
   chmod u+w "$stage"/crds/*.yaml  # the module cache is read-only
   {
     echo "key=$key"; echo "go=$(go env GOVERSION)"; echo "built=$(date -u +%FT%TZ)"
-    echo "seconds=$((SECONDS - started))"; echo "kueue=$v"
+    echo "seconds=$((SECONDS - started))"; echo "$name=$v"
   } >"$stage/MANIFEST"
   mv "$log" "$stage/build.log"
   rm -rf "$dest"
   mv "$stage" "$dest"
   trap - EXIT
-  say "built Kueue in $((SECONDS - started))s: $dest/bin/kueue, $(ls "$dest/crds" | wc -l) CRDs"
+  say "built $label in $((SECONDS - started))s: $dest/bin/$name, $(ls "$dest/crds" | wc -l) CRDs"
+}
+
+# --- Kueue: its own folder and key ------------------------------------------------------------
+
+kueue_key() { tool_key kueue sigs.k8s.io/kueue "$KUEUE_RECIPE"; }
+
+# Kueue's manager, and its CRDs (config/components/crd/bases in the module zip).
+build_kueue() {  # build_kueue KEY
+  build_tool "$1" kueue Kueue sigs.k8s.io/kueue sigs.k8s.io/kueue/cmd/kueue \
+    sigs.k8s.io/kueue/pkg/version.GitVersion 'config/components/crd/bases/*.yaml'
 }
 
 # --- Karpenter: its own folder and key, built only on request --------------------------------
 
-karpenter_key() {
-  local v hash
-  v="$(modversion karpenter sigs.k8s.io/karpenter)" || die "cannot read the sigs.k8s.io/karpenter version from $HERE/karpenter/go.mod"
-  hash="$( { go env GOVERSION; echo "recipe=$KARPENTER_RECIPE";
-             cat "$HERE/karpenter/go.mod" "$HERE/karpenter/go.sum"; } | sha256sum | cut -c1-12)"
-  printf 'karpenter-%s-%s' "$v" "$hash"
-}
+karpenter_key() { tool_key karpenter sigs.k8s.io/karpenter "$KARPENTER_RECIPE"; }
 
 # The kwok provider's main package (sigs.k8s.io/karpenter/kwok: Karpenter's controllers with a
 # cloud provider that creates Node objects for NodeClaims), and the CRDs it needs from the same
@@ -261,37 +275,11 @@ karpenter_key() {
 # karpenter.kwok.sh label domain) and KWOKNodeClass. NodeOverlay and CapacityBuffer are left
 # out: their controllers run only behind feature gates that are off by default, and
 # CapacityBuffer's group (autoscaling.x-k8s.io) is the one ProvisioningRequest is served in.
-build_karpenter() {
-  local key="$1" dest="$CACHE_ROOT/$1" stage log started=$SECONDS v src
-  stage="$CACHE_ROOT/.build-$key-$$"
-  rm -rf "$stage"; mkdir -p "$stage/bin" "$stage/crds"
-  log="$CACHE_ROOT/build-$key.log"
-  : >"$log"
-  trap 'rm -rf "$stage"' EXIT
-  v="$(modversion karpenter sigs.k8s.io/karpenter)"
-  say "cold Karpenter cache: building Karpenter $v (kwok provider) into $dest (log: $log; about 10 min on 2 cores)"
-  say "[1/2] karpenter: downloading modules"
-  (cd "$HERE/karpenter" && with_heartbeat "$log" "karpenter download" go mod download) ||
-    explain_failure "$log" "downloading the karpenter modules"
-  say "[2/2] karpenter: go build sigs.k8s.io/karpenter/kwok"
-  (cd "$HERE/karpenter" && with_heartbeat "$log" "karpenter" \
-    go build -v -p 2 -trimpath -ldflags "-s -w -X sigs.k8s.io/karpenter/pkg/operator.Version=$v" \
-      -o "$stage/bin/karpenter" sigs.k8s.io/karpenter/kwok) ||
-    explain_failure "$log" "building sigs.k8s.io/karpenter/kwok"
-  src="$(cd "$HERE/karpenter" && go list -m -f '{{.Dir}}' sigs.k8s.io/karpenter)"
-  cp "$src"/kwok/charts/crds/karpenter.sh_{nodepools,nodeclaims}.yaml \
-    "$src"/kwok/apis/crds/karpenter.kwok.sh_kwoknodeclasses.yaml "$stage/crds/" ||
-    die "Karpenter's CRDs are not where $src/kwok/charts/crds and $src/kwok/apis/crds had them"
-  chmod u+w "$stage"/crds/*.yaml  # the module cache is read-only
-  {
-    echo "key=$key"; echo "go=$(go env GOVERSION)"; echo "built=$(date -u +%FT%TZ)"
-    echo "seconds=$((SECONDS - started))"; echo "karpenter=$v"
-  } >"$stage/MANIFEST"
-  mv "$log" "$stage/build.log"
-  rm -rf "$dest"
-  mv "$stage" "$dest"
-  trap - EXIT
-  say "built Karpenter in $((SECONDS - started))s: $dest/bin/karpenter, $(ls "$dest/crds" | wc -l) CRDs"
+build_karpenter() {  # build_karpenter KEY
+  build_tool "$1" karpenter Karpenter sigs.k8s.io/karpenter sigs.k8s.io/karpenter/kwok \
+    sigs.k8s.io/karpenter/pkg/operator.Version \
+    kwok/charts/crds/karpenter.sh_nodepools.yaml kwok/charts/crds/karpenter.sh_nodeclaims.yaml \
+    kwok/apis/crds/karpenter.kwok.sh_kwoknodeclasses.yaml
 }
 
 # One build at a time per cache (two checkouts, or make -j, may call this together).
