@@ -22,6 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -173,7 +174,14 @@ async def _apply(
     try:
         await _together(
             _delete_requests(kube, namespace, names=plan.request_deletes, settings=settings),
-            _create_requests(kube, snapshot, raw=raw, pods=plan.request_creates, settings=settings),
+            _create_pods(
+                kube,
+                snapshot,
+                raw=raw,
+                pods=plan.request_creates,
+                kind=_CAPACITY_REQUESTS,
+                settings=settings,
+            ),
             _create_and_record(
                 kube, snapshot, raw, plan, service=service, settings=settings, now=now
             ),
@@ -227,14 +235,16 @@ async def _create_and_record(
         if plan.creates or plan.ungate
         else []
     )
-    await _together(*policy, _create_pods(kube, snapshot, raw, gated, settings))
+    await _together(
+        *policy, _create_pods(kube, snapshot, raw=raw, pods=gated, kind=_WORKERS, settings=settings)
+    )
     if gated:
         await _together(
-            _create_pods(kube, snapshot, raw, last, settings),
+            _create_pods(kube, snapshot, raw=raw, pods=last, kind=_WORKERS, settings=settings),
             _write_status(kube, snapshot, raw, plan, now),
         )
     else:
-        await _create_pods(kube, snapshot, raw, last, settings)
+        await _create_pods(kube, snapshot, raw=raw, pods=last, kind=_WORKERS, settings=settings)
         await _write_status(kube, snapshot, raw, plan, now)
 
 
@@ -257,18 +267,39 @@ REFUSED = frozenset({403, 422})
 fault: the job says so in a Warning Event."""
 
 
-async def _refused(kube: Kube, raw: JsonDict, err: ApiError) -> None:
-    """Say on the job why its pods cannot be created: a quota or a webhook is the user's to
-    change, and only the operator's log would tell otherwise."""
+@dataclass(frozen=True)
+class _PodKind:
+    """What a create makes, as a refusal says it, and whether it counts as a placement."""
+
+    noun: str
+    after_refusal: str
+    placement: bool
+
+
+_WORKERS = _PodKind(
+    noun="a worker pod",
+    after_refusal=(
+        "the pods created so far stay gated (none runs until the whole batch exists) and "
+        "creation is retried"
+    ),
+    placement=True,
+)
+_CAPACITY_REQUESTS = _PodKind(
+    noun="a capacity-request pod",
+    after_refusal="the cluster's autoscaler is not asked for nodes until it accepts one",
+    placement=False,
+)
+
+
+async def _refused(kube: Kube, raw: JsonDict, err: ApiError, kind: _PodKind) -> None:
+    """Say on the job why its pods cannot be created: a quota, a webhook or a missing
+    PriorityClass is the user's to change, and only the operator's log would tell otherwise."""
     await events.record_event(
         kube,
         raw,
         kind="Warning",
         reason=ConditionReason.FAILED_CREATE,
-        message=(
-            f"the API server refused a worker pod: {err.message}; the pods created so far "
-            "stay gated (none runs until the whole batch exists) and creation is retried"
-        ),
+        message=f"the API server refused {kind.noun}: {err.message}; {kind.after_refusal}",
     )
 
 
@@ -330,43 +361,6 @@ async def _delete_requests(
     )
 
 
-async def _create_requests(
-    kube: Kube,
-    snapshot: ClusterSnapshot,
-    *,
-    raw: JsonDict,
-    pods: Sequence[JsonDict],
-    settings: OperatorSettings,
-) -> None:
-    """Create capacity-request pods; a create the cluster refuses by its own rules (a quota, a
-    webhook, a missing PriorityClass) is said on the job before the pass fails."""
-
-    async def create(pod: JsonDict) -> None:
-        try:
-            answer = await resources.create_pod(kube, namespace, pod)
-        except BaseException:
-            snapshot.unreserve(pod)
-            raise
-        snapshot.created(pod, answer)
-
-    namespace = raw["metadata"]["namespace"]
-    try:
-        await gather_limited(settings.concurrency, *(create(pod) for pod in pods))
-    except ApiError as err:
-        if err.status in REFUSED:
-            await events.record_event(
-                kube,
-                raw,
-                kind="Warning",
-                reason=ConditionReason.FAILED_CREATE,
-                message=(
-                    f"the API server refused a capacity-request pod: {err.message}; the "
-                    "cluster's autoscaler is not asked for nodes until it accepts one"
-                ),
-            )
-        raise
-
-
 async def _patch_pods(
     kube: Kube,
     snapshot: ClusterSnapshot,
@@ -386,8 +380,10 @@ async def _patch_pods(
 async def _create_pods(
     kube: Kube,
     snapshot: ClusterSnapshot,
+    *,
     raw: JsonDict,
     pods: Sequence[JsonDict],
+    kind: _PodKind,
     settings: OperatorSettings,
 ) -> None:
     """Create pods; each reservation then holds the server's answer. A create the cluster
@@ -400,7 +396,7 @@ async def _create_pods(
             snapshot.unreserve(pod)
             raise
         snapshot.created(pod, answer)
-        if answer is not None:
+        if answer is not None and kind.placement:
             metrics.PODS_CREATED.inc()
 
     namespace = raw["metadata"]["namespace"]
@@ -408,7 +404,7 @@ async def _create_pods(
         await gather_limited(settings.concurrency, *(create(pod) for pod in pods))
     except ApiError as err:
         if err.status in REFUSED:
-            await _refused(kube, raw, err)
+            await _refused(kube, raw, err, kind)
         raise
 
 
