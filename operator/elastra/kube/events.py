@@ -32,7 +32,6 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 from weakref import WeakKeyDictionary
 
 from elastra.api.resource import GROUP, VERSION
@@ -178,21 +177,44 @@ def _bump(seen: Seen, stamp: str) -> JsonDict:
 def _new_event(job: JsonDict, key: EventKey, *, name: str, stamp: str) -> JsonDict:
     """A core/v1 Event about ``job``, as ``kubectl describe tj`` shows it."""
     meta = job["metadata"]
-    event: dict[str, Any] = {
+    involved = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainingJob",
+        "name": meta["name"],
+        "namespace": key.namespace,
+        "uid": meta.get("uid"),
+        "resourceVersion": meta.get("resourceVersion"),
+    }
+    return _event_body(
+        name,
+        key.namespace,
+        involved=involved,
+        kind=key.kind,
+        reason=key.reason,
+        message=key.message,
+        stamp=stamp,
+    )
+
+
+def _event_body(
+    name: str,
+    namespace: str,
+    *,
+    involved: JsonDict,
+    kind: str,
+    reason: str,
+    message: str,
+    stamp: str,
+) -> JsonDict:
+    """A core/v1 Event named ``name`` about the object ``involved`` refers to, first seen now."""
+    return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": name, "namespace": key.namespace},
-        "involvedObject": {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "TrainingJob",
-            "name": meta["name"],
-            "namespace": key.namespace,
-            "uid": meta.get("uid"),
-            "resourceVersion": meta.get("resourceVersion"),
-        },
-        "type": key.kind,
-        "reason": key.reason,
-        "message": key.message,
+        "metadata": {"name": name, "namespace": namespace},
+        "involvedObject": involved,
+        "type": kind,
+        "reason": reason,
+        "message": message,
         "source": {"component": SOURCE_COMPONENT},
         "reportingComponent": REPORTING_COMPONENT,
         "reportingInstance": SOURCE_COMPONENT,
@@ -200,7 +222,6 @@ def _new_event(job: JsonDict, key: EventKey, *, name: str, stamp: str) -> JsonDi
         "lastTimestamp": stamp,
         "count": 1,
     }
-    return event
 
 
 _recorders: WeakKeyDictionary[Kube, EventRecorder] = WeakKeyDictionary()
@@ -252,19 +273,13 @@ async def record_node_event(
     key = EventKey(NODE_EVENTS_NAMESPACE, node, "Node", reason, f"{kind}\0{message}")
     name = event_name(node, key)
     stamp = _stamp(now or datetime.now(UTC))
-    body = {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": name, "namespace": NODE_EVENTS_NAMESPACE},
-        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
-        "type": kind,
-        "reason": reason,
-        "message": message,
-        "source": {"component": SOURCE_COMPONENT},
-        "reportingComponent": REPORTING_COMPONENT,
-        "reportingInstance": SOURCE_COMPONENT,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
+    body = _event_body(
+        name,
+        NODE_EVENTS_NAMESPACE,
+        involved={"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+        kind=kind,
+        reason=reason,
+        message=message,
+        stamp=stamp,
+    )
     return await kube.create(events_path(NODE_EVENTS_NAMESPACE), body)
