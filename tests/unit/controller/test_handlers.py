@@ -33,6 +33,14 @@ def runtime(settings: OperatorSettings | None = None) -> Runtime:
     return rt
 
 
+async def run_until(rt: Runtime, done: asyncio.Event) -> None:
+    """Run job ns/j's loop until ``done`` is set (10 s at most), then stop every loop."""
+    rt.ensure(("ns", "j"))
+    async with asyncio.timeout(10):
+        await done.wait()
+    await rt.stop_all()
+
+
 @pytest.mark.parametrize(
     ("failures", "seconds"),
     [(1, 1), (2, 2), (3, 4), (9, 256), (10, 300), (1000, 300)],
@@ -56,13 +64,7 @@ def test_a_requeue_of_zero_runs_the_next_pass_at_once(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(handlers, "reconcile", reconcile)
 
-    async def main() -> None:
-        rt.ensure(("ns", "j"))
-        async with asyncio.timeout(10):
-            await done.wait()
-        await rt.stop_all()
-
-    asyncio.run(main())
+    asyncio.run(run_until(rt, done))
     assert done.is_set()
 
 
@@ -95,13 +97,7 @@ def test_the_loop_waits_for_the_requeue_at_most_the_resync(
     monkeypatch.setattr(handlers, "reconcile", reconcile)
     monkeypatch.setattr(asyncio, "wait_for", wait_for)
 
-    async def main() -> None:
-        rt.ensure(("ns", "j"))
-        async with asyncio.timeout(10):
-            await done.wait()
-        await rt.stop_all()
-
-    asyncio.run(main())
+    asyncio.run(run_until(rt, done))
     assert waits == [seconds for _, seconds in asked]
 
 
