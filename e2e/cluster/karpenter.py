@@ -27,15 +27,13 @@ import json
 import os
 import re
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import procs
-from .api import WaitTimeoutError, wait_for
+from .api import WaitTimeoutError, probe_http_health, wait_for
 from .components import free_ports, kubectl, tail, write_kubeconfig
 from .controlplane import BUILD_SCRIPT
 from .controlplane import _locked as cluster_lock
@@ -296,14 +294,6 @@ def install(target: Target, crds_dir: Path) -> None:
 # --- the controller process ------------------------------------------------------------------
 
 
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 def launch(
     target: Target,
     *,
@@ -339,7 +329,7 @@ def launch(
             raise ClusterError(
                 f"Karpenter exited during start-up; last lines of {log}:\n{tail(log)}"
             )
-        return _ready(health)
+        return probe_http_health(f"http://127.0.0.1:{health}/readyz")
 
     try:
         wait_for("Karpenter to become ready", ready, timeout=90, interval=0.2)

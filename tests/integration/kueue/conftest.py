@@ -22,8 +22,6 @@ import ipaddress
 import os
 import subprocess
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +33,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from e2e.cluster.api import wait_for
+from e2e.cluster.api import probe_http_health, wait_for
 from e2e.cluster.components import free_ports
 
 from tests.integration.conftest import Cluster
@@ -158,14 +156,6 @@ def install_crds(cluster: Cluster, crds: Path) -> None:
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds))
 
 
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 @pytest.fixture(scope="session")
 def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KueueProcess]:
     """Kueue's manager, running against the test cluster for the whole session."""
@@ -191,7 +181,10 @@ def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     try:
         wait_for(
             "Kueue's manager ready",
-            lambda: _ready(health) or (process.poll() is not None and _died(manager)),
+            lambda: (
+                probe_http_health(f"http://127.0.0.1:{health}/readyz")
+                or (process.poll() is not None and _died(manager))
+            ),
             timeout=120,
             interval=0.5,
             hint=lambda: "\n".join(manager.lines[-30:]),
