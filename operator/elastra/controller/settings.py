@@ -29,10 +29,6 @@ class Toleration:
         return {"key": self.key, "operator": "Equal", "value": self.value, "effect": self.effect}
 
 
-GPU_TOLERATION = Toleration(key="nvidia.com/gpu")
-"""GPU nodes are commonly tainted so that only GPU pods land there."""
-
-
 @dataclass(frozen=True)
 class PodPeer:
     """Pods of one namespace with these labels (none: every pod of the namespace).

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from elastra.controller.settings import GPU_TOLERATION, Toleration
+from elastra.controller.settings import Toleration
 
 
 @pytest.mark.parametrize(
     ("toleration", "wire"),
     [
         (
-            GPU_TOLERATION,
+            Toleration(key="nvidia.com/gpu"),
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
         ),
         (
