@@ -53,7 +53,7 @@ from elastra.api.podtemplate import (
     TemplateMetadata,
 )
 from elastra.controller.settings import OperatorSettings
-from elastra.planner.catalog import CATALOG, NVIDIA_GPU, matches, resource_of
+from elastra.planner.catalog import GPU_RESOURCES, NVIDIA_GPU, resource_of, selected
 from elastra.planner.eligibility import WorkerConstraints, is_extended, requested_toleration
 from elastra.planner.scheduling import PodConstraints, Toleration
 from elastra_worker.assignment import Assignment, CheckpointSpec, Plan
@@ -490,12 +490,8 @@ def gpu_resource(job: TrainingJob, gpu_type: str) -> str:
     if gpu_type:
         return resource_of(gpu_type)
     patterns = job.spec.worker.gpu_types
-    selected = {
-        gpu.resource
-        for gpu in CATALOG
-        if not gpu.is_cpu and (not patterns or any(matches(p, gpu) for p in patterns))
-    }
-    return selected.pop() if len(selected) == 1 else NVIDIA_GPU
+    resources = {gpu.resource for gpu in selected(patterns)} if patterns else set(GPU_RESOURCES)
+    return resources.pop() if len(resources) == 1 else NVIDIA_GPU
 
 
 def _worker_container(

@@ -43,7 +43,7 @@ from elastra.api import TrainingJob
 from elastra.controller.manifests import owner_reference, worker_pod
 from elastra.controller.settings import OperatorSettings
 from elastra.planner import providers
-from elastra.planner.catalog import CATALOG, GpuType, GpuTypeName, matches
+from elastra.planner.catalog import GpuType, GpuTypeName, selected
 from elastra.planner.resources import CPU, pod_requests
 
 LABEL_CAPACITY_REQUEST = "elastra.dev/capacity-request"
@@ -242,7 +242,7 @@ def gpu_type_terms(patterns: Iterable[str]) -> list[dict[str, Any]]:
     one more try, never the request. Empty when no pattern names a catalog type (or none is
     given): the GPU count is then all that is asked.
     """
-    types = [gpu for gpu in CATALOG if not gpu.is_cpu and any(matches(p, gpu) for p in patterns)]
+    types = selected(patterns)
     if not types:
         return []
     names: set[str] = {gpu.name for gpu in types}
@@ -281,7 +281,7 @@ def _first_type(pattern: str | None) -> str:
     what a request preferring it asks for."""
     if pattern is None:
         return ""
-    return next((gpu.name for gpu in CATALOG if not gpu.is_cpu and matches(pattern, gpu)), "")
+    return next((gpu.name for gpu in selected([pattern])), "")
 
 
 def _products(types: Sequence[GpuType]) -> list[str]:

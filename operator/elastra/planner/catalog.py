@@ -435,6 +435,13 @@ def matches(pattern: str, gpu: GpuType) -> bool:
     return bool(words) and words[0] == normalize(gpu.family) and set(words) <= name_words
 
 
+def selected(patterns: Iterable[str]) -> tuple[GpuType, ...]:
+    """The catalog's GPU types (never the CPU pseudo-type) that any of the ``worker.gpuTypes``
+    entries ``patterns`` selects, in catalog order; none for no entry."""
+    wanted = tuple(patterns)
+    return tuple(gpu for gpu in CATALOG if not gpu.is_cpu and any(matches(p, gpu) for p in wanted))
+
+
 def known_pattern(pattern: str, extra: Iterable[GpuType] = ()) -> bool:
     """Whether a ``worker.gpuTypes`` entry selects any catalog type or any of ``extra``."""
     return any(matches(pattern, gpu) for gpu in (*CATALOG, *extra))
