@@ -112,8 +112,8 @@ def test_each_unplannable_node_is_warned_once(cluster: Cluster, nodes: dict[str,
         due = []
         warned: dict[str, str] = {}
         async with Kube(connection) as kube:
-            due.append(await warn(kube, excluded, warned))
-            due.append(await warn(kube, excluded, warned))  # the next round: nothing due
+            due.append(await warn(kube, excluded, warned=warned))
+            due.append(await warn(kube, excluded, warned=warned))  # the next round: nothing due
         async with Kube(connection) as restarted:  # a new operator remembers nothing
             due.append(await warn(restarted, excluded, {}))
         return due

@@ -79,7 +79,7 @@ def test_each_cause_is_named_in_one_line(
     fake_cuda(monkeypatch, tmp_path, **facts)  # type: ignore[arg-type]
     env = {"CUDA_VISIBLE_DEVICES": "0"}
     with pytest.raises(devices.GpuCheckError) as caught:
-        devices.trainer_device(2, 1, env)
+        devices.trainer_device(2, 1, environ=env)
     assert str(caught.value) == line
     assert "\n" not in line
 
@@ -102,7 +102,7 @@ def test_a_usable_device_is_chosen_without_a_check_where_none_is_due(
 ) -> None:
     gpus, env = pod
     fake_cuda(monkeypatch, tmp_path, cuda="13.2", available=available, count=2, nodes=2)
-    assert devices.trainer_device(gpus, 1, env) == want
+    assert devices.trainer_device(gpus, 1, environ=env) == want
 
 
 def test_rocm_torch_is_not_taken_for_cpu_torch(
@@ -111,7 +111,7 @@ def test_rocm_torch_is_not_taken_for_cpu_torch(
     fake_cuda(monkeypatch, tmp_path, cuda=None, available=True, count=1, nodes=0)
     monkeypatch.setattr(torch.version, "hip", "6.4")
     assert devices.cuda_facts({}).gpu_build == "ROCm 6.4"
-    assert devices.trainer_device(1, 0, {}) == torch.device("cuda", 0)
+    assert devices.trainer_device(1, 0, environ={}) == torch.device("cuda", 0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine whose torch sees no GPU")

@@ -106,7 +106,7 @@ def require_gpus(gpus: int, environ: Mapping[str, str] = os.environ) -> None:
 
 
 def trainer_device(
-    gpus: int, local_rank: int, environ: Mapping[str, str] = os.environ
+    gpus: int, local_rank: int, *, environ: Mapping[str, str] = os.environ
 ) -> torch.device:
     """The device of the pod's ``local_rank``-th trainer; ``GpuCheckError`` if it must stop.
 

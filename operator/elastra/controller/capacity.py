@@ -59,7 +59,9 @@ def cluster_inventory(
     left = _LEFT.get((base, usage), lambda: _Left.of(base, usage))
     view = left
     if pod is not None:
-        view = _VIEWS.get((left,), pod, lambda: _Left.eligible(left, pod, _refusals(base, pod)))
+        view = _VIEWS.get(
+            (left,), pod, lambda: _Left.eligible(left, pod, refusals=_refusals(base, pod))
+        )
     changes = _changes(usage, own_job=own_job, extra=extra)
     if not changes:
         return view.inventory
@@ -89,7 +91,7 @@ class _Left:
         )
 
     @classmethod
-    def eligible(cls, left: _Left, pod: PodConstraints, refusals: Sequence[str]) -> _Left:
+    def eligible(cls, left: _Left, pod: PodConstraints, *, refusals: Sequence[str]) -> _Left:
         """``left`` on the nodes ``pod`` may use (``refusals`` per node, in order), fitted."""
         nodes: list[NodeCapacity] = []
         excluded = list(left.inventory.excluded)

@@ -168,8 +168,8 @@ class Requests:
 def decide(
     want: Want,
     existing: Sequence[Placeholder],
-    recorded: CapacityRequestStatus | None,
     *,
+    recorded: CapacityRequestStatus | None,
     timeout: timedelta,
     now: datetime,
 ) -> Requests:

@@ -47,7 +47,7 @@ def to_warn(excluded: Iterable[ExcludedNode], warned: Mapping[str, str]) -> list
     return [n for n in excluded if n.category in WARNED and warned.get(n.name) != n.reason]
 
 
-async def warn(kube: Kube, excluded: Iterable[ExcludedNode], warned: dict[str, str]) -> int:
+async def warn(kube: Kube, excluded: Iterable[ExcludedNode], *, warned: dict[str, str]) -> int:
     """Record the Warning Event of each node ``to_warn`` names; returns how many were due.
     ``warned`` learns each one recorded (or found recorded)."""
     due = to_warn(excluded, warned)
@@ -93,6 +93,6 @@ class NodeWarnings:
     async def _round(self) -> None:
         excluded = node_inventory(self.snapshot.read().nodes).excluded
         try:
-            await warn(self.kube, excluded, self.warned)
+            await warn(self.kube, excluded, warned=self.warned)
         except ApiError as err:  # retried on the next change or renewal, never raised
             log.warning("could not record a Warning Event on a node: %s", err)

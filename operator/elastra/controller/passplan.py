@@ -258,7 +258,9 @@ def _running(
     )
     placement, backoff_left = _placement(ctx)
     impossible = (
-        _impossible(job, obs.nodes, constraints) if placement.reason and not facts else None
+        _impossible(job, obs.nodes, constraints=constraints)
+        if placement.reason and not facts
+        else None
     )
     desired = sharing.desired(
         job,
@@ -723,7 +725,7 @@ def _requests(
         newest_node=newest_node(obs.nodes) if unsatisfied else None,
     )
     timeout = ctx.settings.capacity_request_timeout
-    return capacity_requests.decide(want, existing, recorded, timeout=timeout, now=now)
+    return capacity_requests.decide(want, existing, recorded=recorded, timeout=timeout, now=now)
 
 
 def _ended(plan: PassPlan, obs: Observation, *, now: datetime) -> PassPlan:
@@ -813,7 +815,7 @@ def _template_pod(job: TrainingJob, settings: OperatorSettings) -> dict[str, Any
 
 
 def _impossible(
-    job: TrainingJob, nodes: Sequence[JsonDict], constraints: PodConstraints
+    job: TrainingJob, nodes: Sequence[JsonDict], *, constraints: PodConstraints
 ) -> str | None:
     """Why waiting cannot help (no node of an allowed GPU type among the nodes the job's pods
     may use), or ``None``.

@@ -291,7 +291,7 @@ _CAPACITY_REQUESTS = _PodKind(
 )
 
 
-async def _refused(kube: Kube, raw: JsonDict, err: ApiError, kind: _PodKind) -> None:
+async def _refused(kube: Kube, raw: JsonDict, *, err: ApiError, kind: _PodKind) -> None:
     """Say on the job why its pods cannot be created: a quota, a webhook or a missing
     PriorityClass is the user's to change, and only the operator's log would tell otherwise."""
     await events.record_event(
@@ -404,7 +404,7 @@ async def _create_pods(
         await gather_limited(settings.concurrency, *(create(pod) for pod in pods))
     except ApiError as err:
         if err.status in REFUSED:
-            await _refused(kube, raw, err, kind)
+            await _refused(kube, raw, err=err, kind=kind)
         raise
 
 

@@ -209,7 +209,7 @@ def parse_inventory(
         if isinstance(parsed, ExcludedNode):
             excluded.append(parsed)
         else:
-            capacities.append(with_facts(parsed, item, used))
+            capacities.append(with_facts(parsed, item, used=used))
     capacities.sort(key=lambda n: n.name)
     excluded.sort(key=lambda n: n.name)
     _check_consistent_types(capacities)
@@ -242,11 +242,13 @@ def _capacity(
     devices = {r: _count(allocatable.get(r, 0), f"node {name}", r) for r in GPU_RESOURCES}
     mig = mig_partitions(labels, allocatable)
     if mig:
-        return _excluded(name, MIG_PARTITIONED, _mig_reason(mig)), ""
+        return _excluded(name, category=MIG_PARTITIONED, reason=_mig_reason(mig)), ""
     resource, gpus = max(devices.items(), key=lambda kv: kv[1])
     if sum(devices.values()) != gpus:
         shown = " and ".join(f"{n} {r}" for r, n in devices.items())
-        return _excluded(name, UNKNOWN_GPU_TYPE, f"advertises {shown}: one vendor per node"), ""
+        return _excluded(
+            name, category=UNKNOWN_GPU_TYPE, reason=f"advertises {shown}: one vendor per node"
+        ), ""
     found = identify(labels)
     gpu_type = _gpu_type(name, found, resource=resource, gpus=gpus, figure=figure)
     if isinstance(gpu_type, ExcludedNode):
@@ -276,17 +278,21 @@ def _gpu_type(
             return by_name(CPU_TYPE)
         return _excluded(
             name,
-            GPUS_NOT_ADVERTISED,
-            f"{found.source} names GPU type {found.spelling} but status.allocatable has no "
+            category=GPUS_NOT_ADVERTISED,
+            reason=f"{found.source} names GPU type {found.spelling} but status.allocatable has no "
             f"{NVIDIA_GPU} or {AMD_GPU}: the device plugin has not registered its GPUs (yet)",
         )
     base = lookup(found.spelling) if found.spelling is not None else None
     if base is None and not declared:
-        return _excluded(name, UNKNOWN_GPU_TYPE, _unknown_reason(found, resource, gpus))
+        return _excluded(
+            name,
+            category=UNKNOWN_GPU_TYPE,
+            reason=_unknown_reason(found, resource=resource, gpus=gpus),
+        )
     if base is None:
         base = _custom_type(found.spelling or found.custom or f"custom-{name}", gpus=gpus)
     if base.resource != resource:
-        return _excluded(name, UNKNOWN_GPU_TYPE, _resource_reason(base, resource))
+        return _excluded(name, category=UNKNOWN_GPU_TYPE, reason=_resource_reason(base, resource))
     changes: dict[str, Any] = {}
     if tflops is not None:
         changes.update(bf16_tflops=tflops, fp16_tflops=tflops, fp32_tflops=tflops / 2)
@@ -301,11 +307,11 @@ def _gpu_type(
     return dataclasses.replace(base, **changes) if changes else base
 
 
-def _excluded(name: str, category: str, reason: str) -> ExcludedNode:
+def _excluded(name: str, *, category: str, reason: str) -> ExcludedNode:
     return ExcludedNode(NodeName(name), reason, category)
 
 
-def _unknown_reason(found: Identified, resource: str, gpus: int) -> str:
+def _unknown_reason(found: Identified, *, resource: str, gpus: int) -> str:
     """Which labels were read and what to set, for a node whose GPUs have no known type."""
     if found.spelling is not None:  # only Elastra's own label is never looked past
         read = f"unknown GPU type {found.spelling!r} in label {found.source}"
@@ -381,7 +387,7 @@ def _check_consistent_types(nodes: Sequence[NodeCapacity]) -> None:
             )
 
 
-def with_facts(node: NodeCapacity, item: Mapping[str, Any], used: Resources) -> NodeCapacity:
+def with_facts(node: NodeCapacity, item: Mapping[str, Any], *, used: Resources) -> NodeCapacity:
     """``node`` carrying what the scheduler reads of ``item`` (its Node object), ``used`` held."""
     spec = item.get("spec") or {}
     allocatable = dict((item.get("status") or {}).get("allocatable") or {})

@@ -567,7 +567,9 @@ class _Search:
             if split is None:
                 return _Fit(None)
             layout = _Layout(tp, pp, mb, sharding, recompute, interleave)
-            needs, short = self._memory_by_type(model, mix, split, layout, dp=sum(replicas))
+            needs, short = self._memory_by_type(
+                model, mix, split=split, layout=layout, dp=sum(replicas)
+            )
             if short is not None:
                 worst = short
                 continue
@@ -660,9 +662,9 @@ class _Search:
         self,
         model: ModelShape,
         mix: tuple[TypePool, ...],
+        *,
         split: tuple[tuple[int, ...], ...],
         layout: _Layout,
-        *,
         dp: int,
     ) -> tuple[tuple[float, ...], tuple[str, Recompute, float, float] | None]:
         """The most memory a GPU of each type needs, or the first type it does not fit.

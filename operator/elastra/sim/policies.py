@@ -301,7 +301,7 @@ class ElasticPolicy:
                 continue
             grain = self._granularity(sim, job, gpu_type)
             need = sizes[0]
-            shrinks, freed = self._donations(sim, job, gpu_type, need=need, grain=grain)
+            shrinks, freed = self._donations(sim, job, gpu_type=gpu_type, need=need, grain=grain)
             if shrinks and sim.nodes.place(gpu_type, grain, need // grain, extra=freed):
                 for victim, pods in shrinks:
                     self._shrink(sim, victim, pods)
@@ -309,7 +309,7 @@ class ElasticPolicy:
         return False
 
     def _donations(
-        self, sim: Simulation, job: JobState, gpu_type: str, *, need: int, grain: int
+        self, sim: Simulation, job: JobState, *, gpu_type: str, need: int, grain: int
     ) -> tuple[list[tuple[JobState, int]], dict[int, int]]:
         """What ``share.gifts`` has the jobs running on ``gpu_type`` give ``job`` (starved,
         lacking ``need`` GPUs, of which the free ones cover what fits in ``grain`` pods):

@@ -156,7 +156,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_decide(case: Case) -> None:
-    out = decide(case.want, case.existing, case.recorded, timeout=TIMEOUT, now=NOW)
+    out = decide(case.want, case.existing, recorded=case.recorded, timeout=TIMEOUT, now=NOW)
     assert out.create == case.create
     assert out.delete == case.delete
     state = out.record.state if out.record is not None else None
@@ -168,7 +168,7 @@ def test_decide(case: Case) -> None:
 
 def test_an_open_request_keeps_its_start_and_says_when_it_times_out() -> None:
     existing = (held(0, age=100), held(1, age=40))
-    out = decide(want(desired=2), existing, record(REQUESTED, workers=2, since=100),
+    out = decide(want(desired=2), existing, recorded=record(REQUESTED, workers=2, since=100),
                  timeout=TIMEOUT, now=NOW)  # fmt: skip
     assert out.record is not None and out.record.since == "2026-01-01T11:58:20Z"
     assert out.recheck == timedelta(seconds=500), "the oldest request's deadline"
@@ -177,7 +177,7 @@ def test_an_open_request_keeps_its_start_and_says_when_it_times_out() -> None:
 
 
 def test_a_new_request_starts_now() -> None:
-    out = decide(want(desired=1), (), None, timeout=TIMEOUT, now=NOW)
+    out = decide(want(desired=1), (), recorded=None, timeout=TIMEOUT, now=NOW)
     assert out.record is not None and out.record.since == "2026-01-01T12:00:00Z"
     assert out.record.message.endswith("nodes for 1 more worker (capacity-request pods)")
 
@@ -190,7 +190,7 @@ def test_a_new_request_starts_now() -> None:
     ],
 )
 def test_the_withdrawal_says_why(existing: tuple[Placeholder, ...], why: str) -> None:
-    out = decide(want(), existing, record(REQUESTED), timeout=TIMEOUT, now=NOW)
+    out = decide(want(), existing, recorded=record(REQUESTED), timeout=TIMEOUT, now=NOW)
     assert out.event is not None and why in out.event and "600s" in out.event
     assert out.condition() == (CAPACITY_UNSATISFIED, out.event)
 
@@ -201,7 +201,9 @@ def test_no_flapping_over_passes() -> None:
     recorded = None
     writes = []
     for step in range(5):
-        out = decide(want(), existing, recorded, timeout=TIMEOUT, now=NOW + timedelta(seconds=step))
+        out = decide(
+            want(), existing, recorded=recorded, timeout=TIMEOUT, now=NOW + timedelta(seconds=step)
+        )
         kept = tuple(p for p in existing if p.name not in out.delete)
         existing = kept + tuple(held(i, age=-step) for i in out.create)
         recorded = out.record
@@ -228,7 +230,7 @@ def test_read_placeholders_takes_the_jobs_requests_only() -> None:
 
 
 def test_a_request_held_back_looks_again_soon() -> None:
-    out = decide(want(hold_new=True), (), None, timeout=TIMEOUT, now=NOW)
+    out = decide(want(hold_new=True), (), recorded=None, timeout=TIMEOUT, now=NOW)
     assert out.create == () and out.recheck == HOLD_RECHECK
 
 
