@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from elastra.controller.capacity import node_inventory
 from elastra.controller.leader import LeaderElector
+from elastra.controller.passplan import EventType
 from elastra.controller.snapshot import ClusterSnapshot
 from elastra.kube import events
 from elastra.kube.client import ApiError, JsonDict, Kube
@@ -38,7 +39,6 @@ log = logging.getLogger("elastra.operator")
 
 WARNED = frozenset({UNKNOWN_GPU_TYPE, MIG_PARTITIONED})
 """The exclusions a Node gets a Warning Event for; their category is the Event's reason."""
-WARNING = "Warning"
 
 
 def to_warn(excluded: Iterable[ExcludedNode], warned: Mapping[str, str]) -> list[ExcludedNode]:
@@ -53,7 +53,7 @@ async def warn(kube: Kube, excluded: Iterable[ExcludedNode], *, warned: dict[str
     due = to_warn(excluded, warned)
     for node in due:
         await events.record_node_event(
-            kube, node.name, kind=WARNING, reason=node.category, message=node.reason
+            kube, node.name, kind=EventType.WARNING, reason=node.category, message=node.reason
         )
         warned[node.name] = node.reason
     return len(due)

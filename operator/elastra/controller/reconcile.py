@@ -37,7 +37,7 @@ from elastra.controller import admission, metrics
 from elastra.controller.conditions import ConditionReason
 from elastra.controller.manifests import headless_service, is_gated, network_policy
 from elastra.controller.observe import WorkerProgress
-from elastra.controller.passplan import Observation, PassPlan, plan_pass
+from elastra.controller.passplan import EventType, Observation, PassPlan, plan_pass
 from elastra.controller.progress import ProgressReader
 from elastra.controller.settings import OperatorSettings
 from elastra.controller.snapshot import ClusterSnapshot
@@ -297,7 +297,7 @@ async def _refused(kube: Kube, raw: JsonDict, *, err: ApiError, kind: _PodKind) 
     await events.record_event(
         kube,
         raw,
-        kind="Warning",
+        kind=EventType.WARNING,
         reason=ConditionReason.FAILED_CREATE,
         message=f"the API server refused {kind.noun}: {err.message}; {kind.after_refusal}",
     )
@@ -456,6 +456,6 @@ async def _reject(
     written = await resources.replace_job_status(kube, {**raw, "status": status})
     snapshot.wrote_job(raw, written, at=now)
     await events.record_event(
-        kube, raw, kind="Warning", reason=ConditionReason.INVALID_SPEC, message=message
+        kube, raw, kind=EventType.WARNING, reason=ConditionReason.INVALID_SPEC, message=message
     )
     _log_pass(raw, 2)
