@@ -115,7 +115,7 @@ def test_each_unplannable_node_is_warned_once(cluster: Cluster, nodes: dict[str,
             due.append(await warn(kube, excluded, warned=warned))
             due.append(await warn(kube, excluded, warned=warned))  # the next round: nothing due
         async with Kube(connection) as restarted:  # a new operator remembers nothing
-            due.append(await warn(restarted, excluded, {}))
+            due.append(await warn(restarted, excluded, warned={}))
         return due
 
     assert asyncio.run(rounds()) == [2, 0, 2]
