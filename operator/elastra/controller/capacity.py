@@ -42,7 +42,8 @@ def cluster_inventory(
     extra: Sequence[JsonDict] = (),
     pod: PodConstraints | None = None,
 ) -> Inventory:
-    """Capacity left by every pod except ``own_job``'s, counting pods not yet bound, on the
+    """Capacity left by every pod except ``own_job``'s (``namespace/name``), counting pods not
+    yet bound, on the
     nodes a pod with constraints ``pod`` may use (every Ready node when ``None``).
 
     Elastra's gated pods are not bound yet but will be: they count against the node named in
@@ -133,7 +134,7 @@ def _changes(
     for node, held in own.items():
         changes[node] = NOTHING - held
     for pod, (node, held) in zip(extra, _EXTRA_USAGE.map(extra), strict=True):
-        if not node or (own_job and _labels(pod).get(LABEL_JOB) == own_job):
+        if not node or (own_job and _job_of(pod) == own_job):
             continue
         changes[node] = changes.get(node, NOTHING) + held
     return changes
@@ -196,8 +197,16 @@ def _held_by(pod: JsonDict) -> tuple[str, Resources, str]:
     replacements (a grown world then retried forever, "Insufficient cpu"). So are the nodes
     its capacity-request pods hold (``placeholders``): they were asked for it."""
     deleting = (pod.get("metadata") or {}).get("deletionTimestamp")
-    job = "" if deleting else _labels(pod).get(LABEL_JOB) or requester(pod) or ""
-    return (*_usage_of(pod), job)
+    return (*_usage_of(pod), "" if deleting else _job_of(pod))
+
+
+def _job_of(pod: JsonDict) -> str:
+    """``namespace/name`` of the Elastra job a pod works or asks for ("" for none): job names
+    are unique only within a namespace, so two jobs of one name never share capacity."""
+    job = _labels(pod).get(LABEL_JOB) or requester(pod)
+    if not job:
+        return ""
+    return f"{(pod.get('metadata') or {}).get('namespace', '')}/{job}"
 
 
 _NODES: LastOf[Sequence[JsonDict], Inventory] = LastOf()

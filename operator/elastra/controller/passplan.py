@@ -243,7 +243,8 @@ def _running(
         return _fail(job, facts, now, reason=ConditionReason.PERMANENT_FAILURE, message=permanent)
     constraints = worker_constraints(job, settings)
     inventory = cluster_inventory(
-        obs.nodes, obs.cluster_pods, own_job=job.metadata.name, extra=obs.reserved,
+        obs.nodes, obs.cluster_pods, own_job=f"{job.metadata.namespace}/{job.metadata.name}",
+        extra=obs.reserved,
         pod=constraints,
     )  # fmt: skip
     ctx = _Pass(

@@ -17,8 +17,11 @@ from elastra.planner.scheduling import PodConstraints
 from tests.unit.controller.fakecluster import node
 
 
-def bound_pod(name: str, job: str, *, gpus: int, deleting: bool = False) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": "ns", "labels": {"elastra.dev/job": job}}
+def bound_pod(
+    name: str, job: str, *, gpus: int, deleting: bool = False, namespace: str = "ns"
+) -> dict[str, Any]:
+    labels = {"elastra.dev/job": job}
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
     if deleting:
         meta["deletionTimestamp"] = "2026-12-01T00:00:00Z"
     limits = {"nvidia.com/gpu": str(gpus)}
@@ -33,10 +36,15 @@ def bound_pod(name: str, job: str, *, gpus: int, deleting: bool = False) -> dict
     ("pods", "own_job", "free"),
     [
         ([bound_pod("a-w0", "a", gpus=4)], None, 4),
-        ([bound_pod("a-w0", "a", gpus=4)], "a", 8),  # its own live pod: replannable
-        ([bound_pod("b-w0", "b", gpus=4)], "a", 4),  # another job's pod: taken
-        ([bound_pod("a-w0", "a", gpus=4, deleting=True)], "a", 4),  # its pod going away: taken
-        ([bound_pod("a-w0", "a", gpus=2), bound_pod("a-w1", "a", gpus=2, deleting=True)], "a", 6),
+        ([bound_pod("a-w0", "a", gpus=4)], "ns/a", 8),  # its own live pod: replannable
+        ([bound_pod("b-w0", "b", gpus=4)], "ns/a", 4),  # another job's pod: taken
+        ([bound_pod("a-w0", "a", gpus=4, deleting=True)], "ns/a", 4),  # its pod going away: taken
+        (
+            [bound_pod("a-w0", "a", gpus=2), bound_pod("a-w1", "a", gpus=2, deleting=True)],
+            "ns/a",
+            6,
+        ),
+        ([bound_pod("a-w0", "a", gpus=4, namespace="other")], "ns/a", 4),  # a namesake's: taken
     ],
 )
 def test_a_pass_plans_with_its_live_pods_but_not_its_deleting_ones(
@@ -57,9 +65,9 @@ def gated_pod(name: str, job: str, *, node_name: str, gpus: int) -> dict[str, An
 @pytest.mark.parametrize(
     ("pods", "extra", "own_job", "free"),
     [
-        ([gated_pod("b-w0", "b", node_name="n1", gpus=4)], [], "a", 4),  # on its planned node
-        ([], [gated_pod("b-w0", "b", node_name="n1", gpus=2)], "a", 6),  # reserved, not listed
-        ([], [gated_pod("a-w0", "a", node_name="n1", gpus=2)], "a", 8),  # its own reservation
+        ([gated_pod("b-w0", "b", node_name="n1", gpus=4)], [], "ns/a", 4),  # on its planned node
+        ([], [gated_pod("b-w0", "b", node_name="n1", gpus=2)], "ns/a", 6),  # reserved, not listed
+        ([], [gated_pod("a-w0", "a", node_name="n1", gpus=2)], "ns/a", 8),  # its own reservation
     ],
 )
 def test_pods_not_bound_yet_count_on_their_planned_node(
@@ -87,8 +95,8 @@ def pod_on(name: str, job: str, node_name: str, gpus: int) -> dict[str, Any]:
     ("own_job", "free"),
     [
         (None, {"n1": 2, "n2": 4, "n3": 7}),
-        ("a", {"n1": 8, "n2": 8, "n3": 7}),  # a's pods given back, b's reservation taken
-        ("b", {"n1": 2, "n2": 4, "n3": 8}),  # its own reservation is not counted
+        ("ns/a", {"n1": 8, "n2": 8, "n3": 7}),  # a's pods given back, b's reservation taken
+        ("ns/b", {"n1": 2, "n2": 4, "n3": 8}),  # its own reservation is not counted
     ],
 )
 def test_each_pass_adjusts_only_its_own_nodes_of_the_capacity_shared_by_all(
@@ -142,7 +150,7 @@ def test_each_job_view_is_built_once_per_listing_and_adjusted_per_pass() -> None
     again = cluster_inventory(nodes, pods, pod=constraints(gpus=2, memory="200Gi"))
     assert all(a is b for a, b in zip(first.nodes, again.nodes, strict=True)), "shared"
     assert {n.name: n.free_gpus for n in first.nodes} == {"n1": 2, "n2": 4, "n3": 4}
-    own = cluster_inventory(nodes, pods, own_job="a", pod=pod)
+    own = cluster_inventory(nodes, pods, own_job="ns/a", pod=pod)
     assert {n.name: n.free_gpus for n in own.nodes} == {"n1": 4, "n2": 4, "n3": 4}
     assert own.nodes[1] is first.nodes[1], "only the job's own nodes are rebuilt"
 

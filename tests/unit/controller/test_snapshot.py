@@ -219,7 +219,7 @@ def test_slim_listings_give_the_same_capacity_health_and_counts() -> None:
     pods = [bound, gated_pod("d-0"), finished, deleting]
     slim_nodes = [slim_node(n) for n in nodes]
     slim_pods = [slim_pod(p) for p in pods]
-    for own in (None, "a", "d"):
+    for own in (None, "ns/a", "ns/d"):
         assert cluster_inventory(slim_nodes, slim_pods, own_job=own) == cluster_inventory(
             nodes, pods, own_job=own
         )
