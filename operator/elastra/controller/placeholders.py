@@ -43,7 +43,7 @@ from elastra.api import TrainingJob
 from elastra.controller.manifests import owner_reference, worker_pod
 from elastra.controller.settings import OperatorSettings
 from elastra.planner import providers
-from elastra.planner.catalog import GpuType, GpuTypeName, selected
+from elastra.planner.catalog import AMD_GPU, NVIDIA_GPU, GpuType, GpuTypeName, selected
 from elastra.planner.resources import CPU, pod_requests
 
 LABEL_CAPACITY_REQUEST = "elastra.dev/capacity-request"
@@ -248,7 +248,8 @@ def gpu_type_terms(patterns: Iterable[str]) -> list[dict[str, Any]]:
     names: set[str] = {gpu.name for gpu in types}
     pairs = (
         (providers.LABEL_GPU_TYPE, [*sorted(names), *patterns]),
-        (providers.LABEL_GFD_PRODUCT, _products(types)),
+        (providers.LABEL_GFD_PRODUCT, _products(types, vendor=NVIDIA_GPU)),
+        (providers.LABEL_AMD_PRODUCT, _products(types, vendor=AMD_GPU)),
         (providers.LABEL_GKE_ACCELERATOR, _keys(providers.GKE_ACCELERATORS, names)),
         (
             providers.LABEL_KARPENTER_GPU_NAME,
@@ -284,8 +285,10 @@ def _first_type(pattern: str | None) -> str:
     return next((gpu.name for gpu in selected([pattern])), "")
 
 
-def _products(types: Sequence[GpuType]) -> list[str]:
-    return [label for gpu in types for label in gpu.product_labels]
+def _products(types: Sequence[GpuType], *, vendor: str) -> list[str]:
+    """The product labels of the ``types`` whose GPUs are requested as ``vendor``'s resource:
+    each vendor's labeller writes its own label (GFD for NVIDIA, AMD's node labeller)."""
+    return [label for gpu in types if gpu.resource == vendor for label in gpu.product_labels]
 
 
 def _keys(table: Mapping[str, GpuTypeName], names: set[str]) -> list[str]:

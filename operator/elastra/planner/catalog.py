@@ -355,7 +355,12 @@ CATALOG: tuple[GpuType, ...] = (
         nic_gbps=3200.0,
         usd=2.50,
         eff=0.45,
-        labels=("AMD-Instinct-MI300X", "AMD-Instinct-MI300X-OAM", "MI300X-OAM"),
+        labels=(
+            "AMD_Instinct_MI300X_OAM",
+            "AMD-Instinct-MI300X",
+            "AMD-Instinct-MI300X-OAM",
+            "MI300X-OAM",
+        ),
         resource=AMD_GPU,
     ),
     # [CPU] one core: ~0.19 TFLOP/s fp32 (bf16 without AMX runs at the fp32 rate), a nominal

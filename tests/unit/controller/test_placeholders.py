@@ -164,6 +164,19 @@ def test_type_terms_name_the_type_in_each_providers_label_instance_type_last() -
     assert values["karpenter.k8s.aws/instance-gpu-name"] == ["h100"]
 
 
+def test_each_vendors_product_names_go_under_its_own_labellers_label() -> None:
+    """GFD writes NVIDIA's product label, AMD's node labeller its own: an AMD type's products
+    under NVIDIA's label could never match a node."""
+    values = {
+        t["matchExpressions"][0]["key"]: t["matchExpressions"][0]["values"]
+        for t in gpu_type_terms(["MI300X"])
+    }
+    assert "nvidia.com/gpu.product" not in values
+    assert "AMD_Instinct_MI300X_OAM" in values["amd.com/gpu.product-name"]
+    nvidia = {t["matchExpressions"][0]["key"] for t in gpu_type_terms(["H100"])}
+    assert "amd.com/gpu.product-name" not in nvidia
+
+
 def test_an_ambiguous_karpenter_name_is_left_to_the_other_labels() -> None:
     """``a100`` is a 40 or an 80 GB part: only a job allowing both may ask by that name."""
     narrow = {t["matchExpressions"][0]["key"] for t in gpu_type_terms(["A100-SXM-80GB"])}
