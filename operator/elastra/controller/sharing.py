@@ -17,6 +17,7 @@ from elastra.api import TrainingJob
 from elastra.controller.manifests import LABEL_JOB
 from elastra.controller.memo import LastOf, PerObject
 from elastra.controller.observe import PodFacts
+from elastra.controller.placeholders import requester
 from elastra.elastic.share import NO_CLASSES, Claim, Priorities, Scope, shared_desired
 from elastra.planner.catalog import lookup, matches
 
@@ -71,9 +72,12 @@ def desired(
     priority = priorities.of(template.pod_spec().priority_class_name if template else None)
     if priority is None:
         return job.spec.replicas
+    counts = _LIVE_PODS.get(cluster_pods, _live_pods) + _counted(map(_live_job, reserved))
     # Terminating pods count (``holds_gpus``): before, a donor whose donated pod was still
-    # shutting down gave a second one in that moment.
+    # shutting down gave a second one in that moment. Bound capacity requests count too
+    # (``_live_job``), for every job alike, so that all passes compute the same gifts.
     held = sum(1 for f in facts.values() if f.view.state.holds_gpus)
+    held += counts.get(_requests_key(key), 0)
     placed = {p.gpu_type for p in job.status.placement if p.gpu_type}
     me = Claim(
         key=key,
@@ -83,9 +87,12 @@ def desired(
         gpu_types=frozenset(placed or job.spec.worker.gpu_types),
         priority=priority,
     )
-    counts = _LIVE_PODS.get(cluster_pods, _live_pods) + _counted(map(_live_job, reserved))
     others = [
-        dataclasses.replace(claim, held=counts.get(claim.key, 0), priority=value)
+        dataclasses.replace(
+            claim,
+            held=counts.get(claim.key, 0) + counts.get(_requests_key(claim.key), 0),
+            priority=value,
+        )
         for claim, class_name in entries
         if (value := priorities.of(class_name)) is not None
     ]
@@ -156,12 +163,31 @@ def _counted(jobs: Iterable[str | None]) -> Counter[str]:
 
 
 def _live_job(pod: JsonDict) -> str | None:
+    """The counting key of a pod that holds or will hold GPUs for a job: the job's key for
+    its workers (terminating ones too: see ``holds_gpus``), ``_requests_key`` of it for a
+    capacity request the scheduler bound to a node.
+
+    A bound request holds a node the job asked for and is about to use (it is replaced by a
+    worker in the job's next pass): before it counted, a donor that had freed a node for a
+    starved job saw the job's own request on that node, still no worker of the job, and no
+    free node, and gave a second pod (the starved job then ended above, the donor at, its
+    minimum). Pending requests hold nothing.
+    """
     meta = pod.get("metadata") or {}
+    namespace = meta.get("namespace", "")
     job = (meta.get("labels") or {}).get(LABEL_JOB)
     phase = (pod.get("status") or {}).get("phase")
-    if job and phase not in ("Succeeded", "Failed"):  # terminating ones too: see holds_gpus
-        return f"{meta.get('namespace', '')}/{job}"
+    if job and phase not in ("Succeeded", "Failed"):
+        return f"{namespace}/{job}"
+    asked_for = requester(pod)
+    if asked_for and (pod.get("spec") or {}).get("nodeName") and not meta.get("deletionTimestamp"):
+        return _requests_key(f"{namespace}/{asked_for}")
     return None
+
+
+def _requests_key(job: str) -> str:
+    """Where ``_live_job`` counts a job's bound capacity requests (no job key ends so)."""
+    return f"{job}/capacity-requests"
 
 
 _LIVE_JOB: PerObject[JsonDict, str | None] = PerObject(_live_job)

@@ -97,7 +97,7 @@ class OperatorProcess:
 
 @pytest.fixture
 def operator(
-    cluster: Cluster, namespace: str, request: pytest.FixtureRequest
+    cluster: Cluster, namespace: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
     proc = OperatorProcess(cluster, namespace)
     proc.start()
@@ -105,7 +105,9 @@ def operator(
     proc.stop()
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
-        sys.stderr.write("\n--- operator log (last 80 lines) ---\n")
+        whole = tmp_path / "operator.log"
+        whole.write_text("\n".join(proc.lines) + "\n")
+        sys.stderr.write(f"\n--- operator log (last 80 lines; all of it: {whole}) ---\n")
         sys.stderr.write("\n".join(proc.lines[-80:]) + "\n")
 
 

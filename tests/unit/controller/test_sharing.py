@@ -101,6 +101,20 @@ def worker_of(job_name: str, index: int, phase: str = "Running") -> dict[str, An
     }
 
 
+def request_of(
+    job_name: str, index: int, *, node: str = "", deleting: bool = False
+) -> dict[str, Any]:
+    """A capacity-request pod of ``job_name``, bound to ``node`` when one is given."""
+    meta: dict[str, Any] = {
+        "namespace": "default",
+        "name": f"{job_name}-cr{index}",
+        "labels": {"elastra.dev/capacity-request": job_name},
+    }
+    if deleting:
+        meta["deletionTimestamp"] = "2030-01-01T00:00:00Z"
+    return {"metadata": meta, "spec": {"nodeName": node} if node else {}, "status": {}}
+
+
 @pytest.mark.parametrize(
     ("listed", "reserved", "want"),
     [
@@ -108,6 +122,12 @@ def worker_of(job_name: str, index: int, phase: str = "Running") -> dict[str, An
         ((worker_of("other", 0),), (), 3),  # it holds one of the two it needs
         ((worker_of("other", 0),), (worker_of("other", 1),), 4),  # being created counts too
         ((worker_of("other", 0, "Failed"),), (), 2),  # an ended pod holds nothing
+        # its capacity request bound to a node: about to be its worker (before, a donor gave
+        # a second pod while the starved job's request sat on the node the first one freed)
+        ((request_of("other", 0, node="n1"),), (), 3),
+        ((request_of("other", 0),), (), 2),  # a pending request holds nothing
+        ((request_of("other", 0, node="n1", deleting=True),), (), 2),  # nor one going away
+        ((request_of("third", 0, node="n1"),), (), 2),  # not the starved job's request
     ],
 )
 def test_the_other_jobs_listed_and_reserved_pods_count_as_held(
@@ -117,6 +137,15 @@ def test_the_other_jobs_listed_and_reserved_pods_count_as_held(
     others = (starved("other", 2),)
     got = sharing.desired(me, held(4), others, listed, free=0, reserved=reserved)
     assert got == want
+
+
+def test_a_donors_own_bound_request_counts_in_what_it_holds() -> None:
+    """Every pass must compute the same gifts: the donor counts its bound request as the
+    other jobs' passes count it: 3 workers and a bound request hold 4; it gives the starved
+    job its 1 and aims for 3 (counting only its workers it would aim for 2)."""
+    me = TrainingJob.model_validate(job(replicas=4, minReplicas=2))
+    mine = request_of(me.metadata.name, 0, node="n1")
+    assert sharing.desired(me, held(3), (starved("other", 1),), (mine,), free=0) == 3
 
 
 def test_counts_follow_a_new_listing_that_shares_pods_with_the_last() -> None:
