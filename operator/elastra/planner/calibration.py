@@ -47,7 +47,7 @@ from elastra.planner.job import (
     Recompute,
     Sharding,
 )
-from elastra.planner.perfmodel import DEFAULT_CONSTANTS, ModelConstants
+from elastra.planner.perfmodel import DEFAULT_CONSTANTS, Layout, ModelConstants
 from elastra.planner.search import evaluate_layout
 
 
@@ -150,12 +150,15 @@ def predict_step_s(measurement: Measurement, constants: ModelConstants) -> float
     result = evaluate_layout(
         job,
         Inventory(nodes=nodes),
+        Layout(
+            measurement.tp,
+            measurement.pp,
+            measurement.micro_batch,
+            measurement.sharding,
+            measurement.recompute,
+            measurement.precision,
+        ),
         pods=((gpu.name, max(1, pods)),),
-        tp=measurement.tp,
-        pp=measurement.pp,
-        micro_batch=measurement.micro_batch,
-        sharding=measurement.sharding,
-        recompute=measurement.recompute,
         constants=constants,
     )
     return result.plans[0].predicted.step_time_s if result.feasible else None

@@ -16,10 +16,12 @@ al. 2022); ``tflops_per_gpu`` counts those too (executed FLOPs, Megatron's conve
 Time of one step on a replica of ``pp`` stages running ``m`` micro-batches with 1F1B:
 ``(m + (pp - 1)/v)·(t_compute + t_tp + 2·v·t_p2p)`` for the slowest stage (pipeline bubble
 included; ``v`` virtual stages per GPU with Megatron's interleaved schedule); then
-data-parallel collectives over the slowest link the group crosses, of which
-the part that overlaps the last backward is hidden; then the optimizer step, bound by HBM
-bandwidth. Collectives are ring collectives: ``2(n-1)/n · bytes / bandwidth`` for an
-all-reduce, half that for a reduce-scatter or all-gather.
+data-parallel collectives over the slowest link the group crosses (a ring that leaves the
+pod shares the pod's part of the node's NIC with the ``min(gpus, tp·pp)`` other rings through
+that pod: ``search.dp_bandwidth``), of which the part that overlaps the last backward is
+hidden; then the optimizer step, bound by HBM bandwidth. Collectives are ring collectives:
+``2(n-1)/n · bytes / bandwidth`` for an all-reduce, half that for a reduce-scatter or
+all-gather.
 
 Memory per GPU (ZeRO, Rajbhandari et al. 2020; activations from Korthikanti et al. 2022 with
 sequence parallelism when tp > 1): weights 2 bytes/param (4 in fp32), gradients 2 (4), Adam
@@ -83,6 +85,33 @@ class ModelConstants:
 
 
 DEFAULT_CONSTANTS = ModelConstants()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one data-parallel replica runs: what a step's time and a GPU's memory depend on
+    besides the model and the GPU type.
+
+    One value, passed whole from the search through every formula here, so that a formula
+    cannot be handed the tensor degree of one layout and the micro-batch of another.
+    """
+
+    tp: int
+    """Tensor-parallel degree (GPUs per layer)."""
+    pp: int
+    """Pipeline stages."""
+    micro_batch: int
+    """Sequences per micro-batch."""
+    sharding: Sharding
+    recompute: Recompute
+    precision: Precision
+    interleave: int = 1
+    """Virtual pipeline stages per GPU (Megatron's interleaved schedule)."""
+
+    @property
+    def replica_gpus(self) -> int:
+        """GPUs of one data-parallel replica."""
+        return self.tp * self.pp
 
 
 @dataclass(frozen=True)
@@ -202,21 +231,17 @@ def ring_allreduce_s(nbytes: float, ranks: int, bandwidth: float, latency: float
 def micro_batch_time(
     gpu: GpuType,
     model: ModelShape,
+    layout: Layout,
     *,
-    tp: int,
-    pp: int,
-    micro_batch: int,
-    recompute: Recompute,
-    precision: Precision,
     p2p_gbs: float,
-    interleave: int = 1,
     constants: ModelConstants = DEFAULT_CONSTANTS,
 ) -> MicroBatchTime:
     """Time of one micro-batch (forward + backward) on the slowest pipeline stage.
 
-    ``p2p_gbs`` is the bandwidth between consecutive stages (GB/s per GPU); ``interleave``
-    the virtual stages per GPU.
+    ``p2p_gbs`` is the bandwidth between consecutive stages (GB/s per GPU).
     """
+    tp, pp, micro_batch = layout.tp, layout.pp, layout.micro_batch
+    recompute, precision = layout.recompute, layout.precision
     flops = token_flops(model)
     first, last = stage_layers(model.layers, pp)
     per_layer = 3.0 * flops.layer + flops.recompute_per_token(1, recompute)
@@ -246,7 +271,7 @@ def micro_batch_time(
     p2p = 0.0
     if pp > 1:
         p2p = message / tp / (p2p_gbs * 1e9) + constants.collective_latency_s
-    return MicroBatchTime(compute, recompute_s, tp_comm, p2p, interleave)
+    return MicroBatchTime(compute, recompute_s, tp_comm, p2p, layout.interleave)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -270,19 +295,10 @@ def state_bytes_per_param(precision: Precision, sharding: Sharding, dp: int) -> 
     return weights + grads + optimizer
 
 
-def memory_gib(
-    model: ModelShape,
-    *,
-    tp: int,
-    pp: int,
-    micro_batch: int,
-    sharding: Sharding,
-    recompute: Recompute,
-    precision: Precision,
-    dp: int,
-    in_flight: float,
-) -> float:
+def memory_gib(model: ModelShape, layout: Layout, *, dp: int, in_flight: float) -> float:
     """Peak memory of the heaviest GPU in GiB (see the module docstring)."""
+    tp, pp, micro_batch = layout.tp, layout.pp, layout.micro_batch
+    sharding, recompute, precision = layout.sharding, layout.recompute, layout.precision
     h, s, a = model.hidden_size, model.sequence_length, model.attention_heads
     params = stage_params(model, pp) / tp
     states = params * state_bytes_per_param(precision, sharding, dp)
@@ -312,12 +328,9 @@ def usable_memory_gib(gpu: GpuType, constants: ModelConstants = DEFAULT_CONSTANT
 
 def dp_collective_s(
     model: ModelShape,
+    layout: Layout,
     *,
-    tp: int,
-    pp: int,
     dp: int,
-    sharding: Sharding,
-    precision: Precision,
     micro_batches: int,
     bandwidth_gbs: float,
     constants: ModelConstants = DEFAULT_CONSTANTS,
@@ -330,11 +343,11 @@ def dp_collective_s(
     """
     if dp <= 1:
         return 0.0
-    params = stage_params(model, pp) / tp
-    element = activation_bytes(precision)
+    params = stage_params(model, layout.pp) / layout.tp
+    element = activation_bytes(layout.precision)
     bandwidth = bandwidth_gbs * 1e9
     latency = constants.collective_latency_s
-    if sharding == "full":
+    if layout.sharding == "full":
         per_micro_batch = 1.5 * ring_allreduce_s(params * element, dp, bandwidth, latency)
         return per_micro_batch * micro_batches
     return ring_allreduce_s(params * element, dp, bandwidth, latency)
@@ -343,16 +356,14 @@ def dp_collective_s(
 def optimizer_step_s(
     gpu: GpuType,
     model: ModelShape,
+    layout: Layout,
     *,
-    tp: int,
-    pp: int,
     dp: int,
-    sharding: Sharding,
     constants: ModelConstants = DEFAULT_CONSTANTS,
 ) -> float:
     """The optimizer update, bound by HBM traffic over the parameters this GPU updates."""
-    params = stage_params(model, pp) / tp
-    if sharding != "none":
+    params = stage_params(model, layout.pp) / layout.tp
+    if layout.sharding != "none":
         params /= dp
     return params * constants.optimizer_bytes_per_param / (gpu.memory_bandwidth_gbs * 1e9)
 
@@ -405,13 +416,8 @@ def in_flight(pp: int, micro_batches: int, interleave: int) -> float:
 def predict_step(
     model: ModelShape,
     loads: tuple[TypeLoad, ...],
+    layout: Layout,
     *,
-    tp: int,
-    pp: int,
-    micro_batch: int,
-    sharding: Sharding,
-    recompute: Recompute,
-    precision: Precision,
     dp_gbs: float,
     peak_memory: float,
     constants: ModelConstants = DEFAULT_CONSTANTS,
@@ -421,6 +427,8 @@ def predict_step(
     ``dp_gbs`` is the effective bandwidth of the slowest link the data-parallel group
     crosses. The slowest type sets the pace (batch shares are chosen to equalise types).
     """
+    tp, pp, micro_batch = layout.tp, layout.pp, layout.micro_batch
+    sharding, recompute, precision = layout.sharding, layout.recompute, layout.precision
     slowest = max(
         loads,
         key=lambda load: (
@@ -433,11 +441,8 @@ def predict_step(
     most_micro_batches = max(load.micro_batches for load in loads)
     dp_raw = dp_collective_s(
         model,
-        tp=tp,
-        pp=pp,
+        layout,
         dp=dp,
-        sharding=sharding,
-        precision=precision,
         micro_batches=most_micro_batches,
         bandwidth_gbs=dp_gbs,
         constants=constants,
@@ -448,10 +453,7 @@ def predict_step(
         hidden = constants.dp_overlap * (2.0 / 3.0) * slowest.slot.compute
     dp_exposed = max(0.0, dp_raw - hidden)
     optimizer = max(
-        optimizer_step_s(
-            load.gpu, model, tp=tp, pp=pp, dp=dp, sharding=sharding, constants=constants
-        )
-        for load in loads
+        optimizer_step_s(load.gpu, model, layout, dp=dp, constants=constants) for load in loads
     )
     step = pipe + dp_exposed + optimizer
     flops = token_flops(model)

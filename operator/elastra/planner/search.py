@@ -41,9 +41,10 @@ from itertools import combinations, product
 
 from elastra.planner.catalog import GpuType, matches
 from elastra.planner.inventory import Inventory, NodeCapacity, NodeName
-from elastra.planner.job import RECOMPUTE_MODES, JobRequirements, ModelShape, Recompute, Sharding
+from elastra.planner.job import RECOMPUTE_MODES, JobRequirements, ModelShape, Sharding
 from elastra.planner.perfmodel import (
     DEFAULT_CONSTANTS,
+    Layout,
     MicroBatchTime,
     ModelConstants,
     StepPrediction,
@@ -120,18 +121,6 @@ class _Fit:
     out_of_memory: bool = False
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """The per-GPU layout memory depends on."""
-
-    tp: int
-    pp: int
-    mb: int
-    sharding: Sharding
-    recompute: Recompute
-    interleave: int
-
-
 def plan_job(
     job: JobRequirements,
     inventory: Inventory,
@@ -167,17 +156,13 @@ def plan_job(
 def evaluate_layout(
     job: JobRequirements,
     inventory: Inventory,
+    layout: Layout,
     *,
     pods: Sequence[tuple[str, int]],
-    tp: int,
-    pp: int,
-    micro_batch: int,
-    sharding: Sharding,
-    recompute: Recompute,
-    interleave: int = 1,
     constants: ModelConstants = DEFAULT_CONSTANTS,
 ) -> PlanResult:
-    """Predict one given layout (``pods`` per GPU type name, in data-parallel order).
+    """Predict one given layout (``pods`` per GPU type name, in data-parallel order; the
+    layout's precision, not the job's).
 
     For a layout that runs now (is a resize worth it?) and for checking the model against
     published runs. Infeasible layouts (memory, divisibility, capacity) give a reason.
@@ -196,20 +181,9 @@ def evaluate_layout(
             return _infeasible("not enough capacity", rejections, 0, capacity=True)
     search = _Search(job, list(mix), constants, rejections)
     per_pod = job.devices_per_worker
-    replicas = tuple(c * per_pod // (tp * pp) for c in counts)
-    fit = search._fit(
-        job.model,
-        mix,
-        counts,
-        replicas,
-        tp=tp,
-        pp=pp,
-        mb=micro_batch,
-        sharding=sharding,
-        dp_gbs=search._dp_bandwidth(mix, counts, tp, pp),
-        interleave=interleave,
-        recomputes=(recompute,),
-    )
+    replicas = tuple(c * per_pod // layout.replica_gpus for c in counts)
+    bandwidth = dp_bandwidth(mix, counts, layout, devices_per_worker=per_pod, constants=constants)
+    fit = search.fit(job.model, mix, counts, replicas, (layout,), dp_gbs=bandwidth)
     if fit.scored is None:
         return _infeasible("layout does not fit", rejections, search.evaluated)
     plan = _with_placement(fit.scored.plan, list(mix), job)
@@ -510,7 +484,14 @@ class _Search:
         if dp * (job.micro_batch or 1) > job.global_batch_size:
             self.rejections.add("divisibility", _too_many_replicas(job, dp))
             return
-        dp_gbs = self._dp_bandwidth(mix, counts, tp, pp)
+        # The bandwidth depends on tp and pp only: the same for every layout of this loop.
+        dp_gbs = dp_bandwidth(
+            mix,
+            counts,
+            Layout(tp, pp, 1, "none", "none", job.precision),
+            devices_per_worker=per_pod,
+            constants=self.constants,
+        )
         shardings = _sharding_options(job.sharding, dp)
         too_big: set[tuple[Sharding, int]] = set()
         for mb in _micro_batches(job):
@@ -519,54 +500,38 @@ class _Search:
             for sharding, interleave in product(shardings, _interleave_options(model, pp)):
                 if (sharding, interleave) in too_big:
                     continue  # memory grows with the micro-batch: a larger one cannot fit
-                fit = self._fit(
-                    model,
-                    mix,
-                    counts,
-                    replicas,
-                    tp=tp,
-                    pp=pp,
-                    mb=mb,
-                    sharding=sharding,
-                    dp_gbs=dp_gbs,
-                    interleave=interleave,
+                layouts = tuple(
+                    Layout(tp, pp, mb, sharding, recompute, job.precision, interleave)
+                    for recompute in RECOMPUTE_MODES
                 )
+                fit = self.fit(model, mix, counts, replicas, layouts, dp_gbs=dp_gbs)
                 if fit.scored is not None:
                     yield fit.scored
                 elif fit.out_of_memory:
                     too_big.add((sharding, interleave))
 
-    def _fit(
+    def fit(
         self,
         model: ModelShape,
         mix: tuple[TypePool, ...],
         counts: tuple[int, ...],
         replicas: tuple[int, ...],
+        layouts: Sequence[Layout],
         *,
-        tp: int,
-        pp: int,
-        mb: int,
-        sharding: Sharding,
         dp_gbs: float,
-        interleave: int = 1,
-        recomputes: tuple[Recompute, ...] = RECOMPUTE_MODES,
     ) -> _Fit:
-        """The cheapest recomputation that fits memory for this layout, scored, or why not."""
+        """The first of ``layouts`` (one layout with costlier recomputation each) that fits
+        memory, scored, or why none does."""
         job = self.job
-        worst: tuple[str, Recompute, float, float] | None = None
-        for recompute in recomputes:
-            slots = tuple(
-                self._slot(
-                    pool, model, tp=tp, pp=pp, mb=mb, recompute=recompute, interleave=interleave
-                )
-                for pool in mix
-            )
+        worst: tuple[str, Layout, float, float] | None = None
+        for layout in layouts:
+            tp, pp, mb = layout.tp, layout.pp, layout.micro_batch
+            slots = tuple(self._slot(pool, model, layout) for pool in mix)
             if any(math.isinf(s.per_slot) for s in slots):
                 return _Fit(None)
-            split = self._split(mix, replicas, slots, mb=mb, pp=pp, interleave=interleave)
+            split = self._split(mix, replicas, slots, mb=mb, pp=pp, interleave=layout.interleave)
             if split is None:
                 return _Fit(None)
-            layout = _Layout(tp, pp, mb, sharding, recompute, interleave)
             needs, short = self._memory_by_type(
                 model, mix, split=split, layout=layout, dp=sum(replicas)
             )
@@ -581,15 +546,27 @@ class _Search:
             )
             predicted = self._predict(model, loads, layout, dp_gbs=dp_gbs, peak=max(needs))
             shares = _type_shares(job, mix, counts, split, mb, memory=needs)
-            plan = Plan(shares, sum(replicas), tp, pp, mb, sharding, recompute, predicted)
-            return _Fit(self._score(dataclasses.replace(plan, interleave=interleave)))
+            plan = Plan(
+                shares,
+                sum(replicas),
+                tp,
+                pp,
+                mb,
+                layout.sharding,
+                layout.recompute,
+                predicted,
+                interleave=layout.interleave,
+            )
+            return _Fit(self._score(plan))
         if worst is None:
             return _Fit(None)
-        name, recompute, need, usable = worst
+        name, short_layout, need, usable = worst
         self.rejections.add(
             "memory",
             lambda: (
-                f"{name} tp={tp} pp={pp} mb={mb} sharding={sharding} recompute={recompute}: "
+                f"{name} tp={short_layout.tp} pp={short_layout.pp} "
+                f"mb={short_layout.micro_batch} sharding={short_layout.sharding} "
+                f"recompute={short_layout.recompute}: "
                 f"needs {need:.1f} GiB > {usable:.1f} GiB usable"
             ),
         )
@@ -599,7 +576,7 @@ class _Search:
         self,
         model: ModelShape,
         loads: tuple[TypeLoad, ...],
-        layout: _Layout,
+        layout: Layout,
         *,
         dp_gbs: float,
         peak: float,
@@ -607,17 +584,7 @@ class _Search:
         """The model's step for ``loads`` (a type's replicas with k and k - 1 micro-batches
         are two loads: the slowest sets the pace, all of them count for tokens)."""
         return predict_step(
-            model,
-            loads,
-            tp=layout.tp,
-            pp=layout.pp,
-            micro_batch=layout.mb,
-            sharding=layout.sharding,
-            recompute=layout.recompute,
-            precision=self.job.precision,
-            dp_gbs=dp_gbs,
-            peak_memory=peak,
-            constants=self.constants,
+            model, loads, layout, dp_gbs=dp_gbs, peak_memory=peak, constants=self.constants
         )
 
     def _split(
@@ -664,9 +631,9 @@ class _Search:
         mix: tuple[TypePool, ...],
         *,
         split: tuple[tuple[int, ...], ...],
-        layout: _Layout,
+        layout: Layout,
         dp: int,
-    ) -> tuple[tuple[float, ...], tuple[str, Recompute, float, float] | None]:
+    ) -> tuple[tuple[float, ...], tuple[str, Layout, float, float] | None]:
         """The most memory a GPU of each type needs, or the first type it does not fit.
 
         Types differ: a type whose replicas run fewer micro-batches than ``pp`` holds fewer in
@@ -678,22 +645,12 @@ class _Search:
             key = (*dataclasses.astuple(layout), dp, held)
             need = self._memory_cache.get(key)
             if need is None:
-                need = memory_gib(
-                    model,
-                    tp=layout.tp,
-                    pp=layout.pp,
-                    micro_batch=layout.mb,
-                    sharding=layout.sharding,
-                    recompute=layout.recompute,
-                    precision=self.job.precision,
-                    dp=dp,
-                    in_flight=held,
-                )
+                need = memory_gib(model, layout, dp=dp, in_flight=held)
                 self._memory_cache[key] = need
             usable = usable_memory_gib(pool.gpu, self.constants)
             needs.append(need)
             if need > usable:
-                return tuple(needs), (pool.gpu.name, layout.recompute, need, usable)
+                return tuple(needs), (pool.gpu.name, layout, need, usable)
         return tuple(needs), None
 
     def _model_free(
@@ -730,49 +687,21 @@ class _Search:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _slot(
-        self,
-        pool: TypePool,
-        model: ModelShape,
-        *,
-        tp: int,
-        pp: int,
-        mb: int,
-        recompute: Recompute,
-        interleave: int,
-    ) -> MicroBatchTime:
-        key = (pool.gpu.name, tp, pp, mb, recompute, interleave)
+    def _slot(self, pool: TypePool, model: ModelShape, layout: Layout) -> MicroBatchTime:
+        """One micro-batch's time on ``pool``'s GPUs (cached: it does not depend on sharding,
+        and the precision is the search's)."""
+        tp, pp = layout.tp, layout.pp
+        key = (pool.gpu.name, tp, pp, layout.micro_batch, layout.recompute, layout.interleave)
         cached = self._slot_cache.get(key)
         if cached is None:
             within_pod = tp * pp <= self.job.devices_per_worker
             raw = pool.gpu.interconnect_gbs if within_pod else pool.network_gbs
             p2p = effective_gbs(raw, intra_node=within_pod, constants=self.constants)
             cached = micro_batch_time(
-                pool.gpu,
-                model,
-                tp=tp,
-                pp=pp,
-                micro_batch=mb,
-                recompute=recompute,
-                precision=self.job.precision,
-                p2p_gbs=p2p,
-                interleave=interleave,
-                constants=self.constants,
+                pool.gpu, model, layout, p2p_gbs=p2p, constants=self.constants
             )
             self._slot_cache[key] = cached
         return cached
-
-    def _dp_bandwidth(
-        self, mix: tuple[TypePool, ...], counts: tuple[int, ...], tp: int, pp: int
-    ) -> float:
-        """Effective bandwidth of the slowest link the data-parallel group crosses."""
-        per_pod = self.job.devices_per_worker
-        if len(mix) == 1 and counts[0] == 1 and per_pod <= mix[0].gpu.gpus_per_node:
-            return effective_gbs(
-                mix[0].gpu.interconnect_gbs, intra_node=True, constants=self.constants
-            )
-        slowest = min(pool.network_gbs for pool in mix)
-        return effective_gbs(slowest, intra_node=False, constants=self.constants)
 
     def _score(self, plan: Plan) -> _Scored:
         tokens = plan.predicted.tokens_per_s
@@ -790,6 +719,34 @@ class _Search:
             plan.recompute,
         )
         return _Scored(key, tiebreak, plan)
+
+
+def dp_bandwidth(
+    mix: tuple[TypePool, ...],
+    counts: tuple[int, ...],
+    layout: Layout,
+    *,
+    devices_per_worker: int,
+    constants: ModelConstants = DEFAULT_CONSTANTS,
+) -> float:
+    """Effective bandwidth per rank (GB/s) of the slowest link a data-parallel ring crosses.
+
+    A world of one pod never leaves the node: the GPUs' own interconnect. Otherwise each ring
+    crosses pods over the network, and a pod's GPUs belong to ``min(gpus, tp·pp)`` different
+    data-parallel groups (one per position in a replica), each one ring through the pod: the
+    pod's share of its node's NIC (``gpus`` times a GPU's share, ``TypePool.network_gbs``) is
+    split that many ways, and never beats the GPUs' own interconnect. So tp=8 on 8-GPU pods
+    gives each ring one GPU's share of the NIC, and pure data parallelism the pod's whole share.
+    """
+    per_pod = devices_per_worker
+    intra = effective_gbs(
+        min(pool.gpu.interconnect_gbs for pool in mix), intra_node=True, constants=constants
+    )
+    if len(mix) == 1 and counts[0] == 1 and per_pod <= mix[0].gpu.gpus_per_node:
+        return intra
+    rings = min(per_pod, layout.replica_gpus)
+    ring_share = min(pool.network_gbs for pool in mix) * per_pod / rings
+    return min(intra, effective_gbs(ring_share, intra_node=False, constants=constants))
 
 
 def _sharding_options(allowed: tuple[Sharding, ...], dp: int) -> tuple[Sharding, ...]:

@@ -56,7 +56,7 @@ from typing import Literal
 from elastra.planner.catalog import GpuType, Precision, by_name
 from elastra.planner.inventory import Inventory, NodeCapacity, NodeName
 from elastra.planner.job import JobRequirements, ModelShape, Recompute, Sharding
-from elastra.planner.perfmodel import DEFAULT_CONSTANTS, ModelConstants
+from elastra.planner.perfmodel import DEFAULT_CONSTANTS, Layout, ModelConstants
 from elastra.planner.plan import PlanResult
 from elastra.planner.search import evaluate_layout, plan_job
 
@@ -272,13 +272,16 @@ def predict_published(
     return evaluate_layout(
         job_of(run, manual=True),
         cluster_of(run),
+        Layout(
+            run.tp,
+            run.pp,
+            run.micro_batch,
+            run.sharding,
+            run.recompute,
+            run.precision,
+            run.interleave,
+        ),
         pods=((run.gpu_type, run.gpus // 8),),
-        tp=run.tp,
-        pp=run.pp,
-        micro_batch=run.micro_batch,
-        sharding=run.sharding,
-        recompute=run.recompute,
-        interleave=run.interleave,
         constants=constants,
     )
 

@@ -10,14 +10,21 @@ import yaml
 from elastra.planner import JobRequirements, ModelShape, parse_inventory, plan_job
 from elastra.planner.catalog import by_name
 from elastra.planner.inventory import Inventory
-from elastra.planner.perfmodel import usable_memory_gib
-from elastra.planner.search import evaluate_layout
+from elastra.planner.perfmodel import (
+    DEFAULT_CONSTANTS,
+    Layout,
+    dp_collective_s,
+    effective_gbs,
+    usable_memory_gib,
+)
+from elastra.planner.search import TypePool, dp_bandwidth, evaluate_layout
 
 from .nodes import fleet, node, node_list
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 LLAMA_7B = ModelShape(32, 4096, 11008, 32, 32, 32000, 4096)
 LLAMA_70B = ModelShape(80, 8192, 28672, 64, 8, 32000, 4096)
+SMALL_MODEL = ModelShape(24, 2048, 5504, 16, 16, 32000, 2048)
 
 
 def job(**overrides: object) -> JobRequirements:
@@ -144,12 +151,8 @@ def test_each_type_needs_the_memory_of_its_own_micro_batches_in_flight(
     result = evaluate_layout(
         SMALL_MIX_JOB,
         fleet(h100=2, a100_40=1),
+        Layout(2, 4, 1, "optimizer", "none", SMALL_MIX_JOB.precision),
         pods=pods,
-        tp=2,
-        pp=4,
-        micro_batch=1,
-        sharding="optimizer",
-        recompute="none",
     )
     needs = {s.gpu_type: round(s.peak_memory_gib, 1) for p in result.plans for s in p.types}
     assert needs == peaks
@@ -240,3 +243,76 @@ def test_pipeline_stages_of_a_replica_stay_in_one_block() -> None:
     blocks = {r.node: f"blk{int(r.node[1:]) // 4}" for r in best.ranks}
     for replica in range(best.dp):
         assert len({blocks[r.node] for r in best.ranks if r.dp_rank == replica}) == 1
+
+
+def slow_network_pool(pods: int) -> TypePool:
+    """``pods`` free 8-GPU H100 pods on nodes whose NIC is 400 Gbit/s: 6.25 GB/s per GPU."""
+    nodes = [
+        node(f"h100-{i}", annotations={"elastra.dev/network-gbps": "400"}) for i in range(pods)
+    ]
+    inventory = parse_inventory(node_list(*nodes))
+    return TypePool(
+        gpu=inventory.nodes[0].gpu_type,
+        nodes=inventory.nodes,
+        slots=tuple((n.name, 1) for n in inventory.nodes),
+        pods=pods,
+        network_gbs=400 / 8 / 8,
+    )
+
+
+@pytest.mark.parametrize(
+    ("pods", "tp", "pp", "rings"),
+    [
+        (2, 8, 1, 8),  # a replica per pod: each GPU's ring gets one GPU's share of the NIC
+        (2, 8, 2, 8),  # a replica spans two pods: the same
+        (2, 2, 2, 4),  # two replicas per pod: four rings share it
+        (2, 1, 1, 1),  # pure data parallelism: one ring through the pod takes all of it
+        (4, 1, 1, 1),
+    ],
+)
+def test_data_parallel_rings_share_the_pods_network_by_tp_and_pp(
+    pods: int, tp: int, pp: int, rings: int
+) -> None:
+    pool = slow_network_pool(pods)
+    got = dp_bandwidth(
+        (pool,), (pods,), Layout(tp, pp, 1, "none", "none", "bf16"), devices_per_worker=8
+    )
+    assert got == effective_gbs(6.25 * 8 / rings, intra_node=False, constants=DEFAULT_CONSTANTS)
+
+
+def test_one_pod_reduces_over_its_gpus_interconnect_whatever_the_layout() -> None:
+    pool = slow_network_pool(1)
+    for tp in (1, 2, 8):
+        got = dp_bandwidth(
+            (pool,), (1,), Layout(tp, 1, 1, "none", "none", "bf16"), devices_per_worker=8
+        )
+        assert got == effective_gbs(
+            pool.gpu.interconnect_gbs, intra_node=True, constants=DEFAULT_CONSTANTS
+        )
+
+
+def test_pure_data_parallelism_over_pods_is_predicted_with_the_pods_whole_network_share() -> None:
+    """The prediction this changes: before, every ring got one GPU's share of the NIC whatever
+    tp and pp were, so a tp=1 layout over pods paid 8x its data-parallel time."""
+    layout = Layout(1, 1, 1, "optimizer", "none", "bf16")
+    pool = slow_network_pool(2)
+    result = evaluate_layout(
+        job(replicas=2, global_batch_size=64, model=SMALL_MODEL),
+        Inventory(nodes=pool.nodes),
+        layout,
+        pods=(("H100-SXM-80GB", 2),),
+    )
+    plan = result.plans[0]
+    breakdown = dict(plan.predicted.breakdown)
+    micro_batches = plan.types[0].batch_share // layout.micro_batch
+    hidden = DEFAULT_CONSTANTS.dp_overlap * (2.0 / 3.0) * breakdown["compute"] / micro_batches
+
+    def exposed(per_gpu_gbs: float) -> float:
+        bandwidth = effective_gbs(per_gpu_gbs, intra_node=False, constants=DEFAULT_CONSTANTS)
+        raw = dp_collective_s(
+            SMALL_MODEL, layout, dp=16, micro_batches=micro_batches, bandwidth_gbs=bandwidth
+        )
+        return max(0.0, raw - hidden)
+
+    assert breakdown["dp-comm"] == pytest.approx(exposed(6.25 * 8))
+    assert breakdown["dp-comm"] < 0.5 * exposed(6.25)  # one GPU's share: the old prediction
