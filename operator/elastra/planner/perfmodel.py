@@ -17,7 +17,7 @@ Time of one step on a replica of ``pp`` stages running ``m`` micro-batches with 
 ``(m + (pp - 1)/v)·(t_compute + t_tp + 2·v·t_p2p)`` for the slowest stage (pipeline bubble
 included; ``v`` virtual stages per GPU with Megatron's interleaved schedule); then
 data-parallel collectives over the slowest link the group crosses (a ring that leaves the
-pod shares the pod's part of the node's NIC with the ``min(gpus, tp·pp)`` other rings through
+pod shares the pod's part of the node's NIC among the ``min(gpus, tp·pp)`` rings through
 that pod: ``search.dp_bandwidth``), of which the part that overlaps the last backward is
 hidden; then the optimizer step, bound by HBM bandwidth. Collectives are ring collectives:
 ``2(n-1)/n · bytes / bandwidth`` for an all-reduce, half that for a reduce-scatter or
