@@ -573,15 +573,19 @@ def test_the_leader_label_follows_rank_0_and_costs_no_write_of_its_own() -> None
 # cluster's autoscaler for them. ``provision`` plays the autoscaler.
 
 
-def provision(cluster: FakeCluster, products: list[str]) -> list[str]:
+def provision(
+    cluster: FakeCluster, products: list[str], *, network_gbps: int | None = None
+) -> list[str]:
     """An autoscaler's answer: one node per product for the oldest pending capacity
-    requests, each request bound to its node."""
+    requests, each request bound to its node (with a NIC of ``network_gbps`` when given)."""
     pending = [r for r in cluster.requests.values() if not r["spec"].get("nodeName")]
     made = []
     for request, product in zip(pending, products, strict=False):
         name = f"auto-{len(cluster.nodes)}"
         made_node = node(name, product=product)
         made_node["metadata"]["creationTimestamp"] = cluster.stamp()
+        if network_gbps is not None:
+            made_node["metadata"]["annotations"] = {"elastra.dev/network-gbps": str(network_gbps)}
         cluster.nodes.append(made_node)
         request["spec"]["nodeName"] = name
         request["status"] = {"phase": "Running"}
@@ -712,14 +716,15 @@ def test_a_request_gives_way_to_another_jobs_worker_planned_on_its_node() -> Non
 
 
 def test_a_planner_preferring_fewer_workers_declines_the_rest_once() -> None:
-    """Under the cost objective the planner runs 2 of 4 on four nodes; without the other two
-    it would be short again. The request ends Declined and is not made again."""
+    """Under the cost objective, on nodes with 100 Gbit/s NICs (a model bound by its
+    network), the planner runs 2 of 4 on four nodes; without the other two it would be short
+    again. The request ends Declined and is not made again."""
     model = {"layers": 32, "hiddenSize": 4096, "ffnHiddenSize": 11008, "attentionHeads": 32,
              "vocabSize": 32000, "sequenceLength": 4096}  # fmt: skip
     cheap = job(replicas=4, placement={"objective": "cost"}, model=model)
     cluster = FakeCluster(cheap, [], SETTINGS)
     cluster.step()
-    provision(cluster, [H100] * 4)
+    provision(cluster, [H100] * 4, network_gbps=100)
     declined = cluster.step()
     assert len(declined.creates) == 2
     assert sorted(declined.request_deletes) == [f"gpt-cr{i}" for i in range(4)]
