@@ -1,6 +1,7 @@
 """The TrainingJob API (elastra.dev/v1alpha1): pydantic models, parsing, and the CRD."""
 
 from elastra.api.podtemplate import PodSecurity, PodTemplate, ResourceRequirements
+from elastra.api.reasons import Reason
 from elastra.api.resource import (
     API_VERSION,
     GROUP,
@@ -68,6 +69,7 @@ __all__ = [
     "PodSecurity",
     "PodTemplate",
     "Precision",
+    "Reason",
     "ProgressStatus",
     "RankPlacement",
     "ResizeRecord",

@@ -18,7 +18,9 @@ from pydantic import ConfigDict, Field, StringConstraints
 
 from elastra.api.base import ApiModel
 
-Reason = Annotated[str, StringConstraints(max_length=128, pattern=r"^([A-Za-z][A-Za-z0-9_]*)?$")]
+ReasonText = Annotated[
+    str, StringConstraints(max_length=128, pattern=r"^([A-Za-z][A-Za-z0-9_]*)?$")
+]
 Message = Annotated[str, StringConstraints(max_length=4096)]
 Name = Annotated[str, StringConstraints(max_length=253)]
 Timestamp = Annotated[str, StringConstraints(max_length=64)]
@@ -72,7 +74,7 @@ class Condition(StatusModel):
 
     type: ConditionType
     status: ConditionStatus
-    reason: Reason = Field(default="", description="Why, in one CamelCase word.")
+    reason: ReasonText = Field(default="", description="Why, in one CamelCase word.")
     message: Message = Field(default="", description="Why, for people: the particulars.")
     last_transition_time: Timestamp | None = Field(
         default=None, description="When status last changed (RFC 3339)."
@@ -180,7 +182,9 @@ class ResizeRecord(StatusModel):
     to_version: int = Field(ge=0, description="World version after.")
     from_replicas: int = Field(ge=0, description="Worker pods before.")
     to_replicas: int = Field(ge=0, description="Worker pods after.")
-    reason: Reason = Field(description="Why: ScaledDown, ScaledUp, WorkerFailed, WorkerLost ...")
+    reason: ReasonText = Field(
+        description="Why: ScaledDown, ScaledUp, WorkerFailed, WorkerLost ..."
+    )
     time: Timestamp = Field(description="When the new world was recorded (RFC 3339).")
 
 

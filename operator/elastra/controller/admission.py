@@ -31,6 +31,7 @@ from typing import Any
 
 from elastra.api import TrainingJob
 from elastra.api.podtemplate import WORKER_CONTAINER
+from elastra.api.reasons import Reason
 from elastra.controller.manifests import LABEL_JOB, owner_reference
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -40,15 +41,6 @@ POD_SET = "workers"
 """The name of the Workload's one podSet: every worker pod is alike."""
 WORKLOAD_PREFIX = "trainingjob-"
 MAX_NAME = 253
-
-AWAITING_ADMISSION = "AwaitingAdmission"
-"""Suspended reason: the job's Workload waits for Kueue to admit it."""
-EVICTED = "EvictedByKueue"
-"""Suspended reason: Kueue withdrew the admission; the job stops and queues again."""
-ADMITTED_BY_KUEUE = "AdmittedByKueue"
-"""Admitted reason: Kueue admitted the Workload and the planner found a plan."""
-CAPPED_BY_ADMISSION = "CappedByAdmission"
-"""Admitted reason: spec.replicas is above the admitted count; the world stays within it."""
 
 JsonDict = Mapping[str, Any]
 
@@ -155,17 +147,17 @@ def _said(condition: JsonDict) -> str:
 def hold_of(job: TrainingJob, gate: Gate | None) -> Hold | None:
     """Why the job is held by the user or by Kueue, if it is."""
     if job.spec.suspend:
-        return Hold("Suspended", "spec.suspend is true")
+        return Hold(Reason.SUSPENDED, "spec.suspend is true")
     if gate is None or gate.state is GateState.ADMITTED:
         return None
     if gate.state is GateState.EVICTED:
         return Hold(
-            EVICTED,
+            Reason.EVICTED_BY_KUEUE,
             f"Kueue evicted Workload {gate.workload} (queue {gate.queue}): {gate.message}; "
             "the workers checkpoint and stop, then the job queues again",
         )
     return Hold(
-        AWAITING_ADMISSION,
+        Reason.AWAITING_ADMISSION,
         f"waiting for Kueue to admit Workload {gate.workload} in queue {gate.queue}: "
         f"{gate.message}",
     )
@@ -185,13 +177,13 @@ def admitted_note(job: TrainingJob, gate: Gate | None) -> tuple[str, str] | None
         return None
     if job.spec.replicas > gate.admitted:
         return (
-            CAPPED_BY_ADMISSION,
+            Reason.CAPPED_BY_ADMISSION,
             f"spec.replicas is {job.spec.replicas} but Kueue admitted {gate.admitted} workers "
             f"(Workload {gate.workload}, queue {gate.queue}): the world stays within "
             f"{gate.admitted}; suspend and resume the job to queue for more",
         )
     return (
-        ADMITTED_BY_KUEUE,
+        Reason.ADMITTED_BY_KUEUE,
         f"Kueue admitted {gate.admitted} workers (Workload {gate.workload}, queue {gate.queue})",
     )
 

@@ -51,6 +51,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from elastra.api import CapacityRequestState, CapacityRequestStatus
+from elastra.api.reasons import Reason
 from elastra.controller.manifests import ANNOTATION_NODE, LABEL_JOB
 from elastra.controller.memo import LastOf
 from elastra.controller.observe import format_time, parse_time
@@ -58,12 +59,6 @@ from elastra.controller.placeholders import index_of
 
 HOLD_RECHECK = timedelta(seconds=2)
 """How soon a job that held back a request because another job's worker waited looks again."""
-CAPACITY_REQUESTED = "CapacityRequested"
-"""Placed False (and Admitted True while no node of the job's GPU type exists yet): the job's
-capacity-request pods wait for the cluster's autoscaler."""
-CAPACITY_UNSATISFIED = "CapacityUnsatisfied"
-"""A Warning Event, and Placed False (Admitted False while no node of the job's type exists):
-no autoscaler gave usable nodes within the timeout; the request was withdrawn."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +137,7 @@ class Requests:
     record: CapacityRequestStatus | None = None
     """``status.capacityRequest`` after this pass."""
     event: str | None = None
-    """The message of a Warning Event (reason ``CAPACITY_UNSATISFIED``): withdrawn now."""
+    """The message of a Warning Event (reason ``Reason.CAPACITY_UNSATISFIED``): withdrawn now."""
     recheck: timedelta | None = None
     """When the open request times out, if nothing happens before."""
 
@@ -159,9 +154,9 @@ class Requests:
     def condition(self) -> tuple[str, str] | None:
         """The reason and message the job's conditions give for its request, if any."""
         if self.open and self.record is not None:
-            return CAPACITY_REQUESTED, self.record.message
+            return Reason.CAPACITY_REQUESTED, self.record.message
         if self.unsatisfied and self.record is not None:
-            return CAPACITY_UNSATISFIED, self.record.message
+            return Reason.CAPACITY_UNSATISFIED, self.record.message
         return None
 
 

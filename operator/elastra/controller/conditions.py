@@ -8,10 +8,12 @@ that sees nothing new produces an identical status, and the reconciler writes no
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
+from typing import Any
+
+from pydantic import ValidationError
 
 from elastra.api import (
     Condition,
@@ -20,53 +22,8 @@ from elastra.api import (
     Phase,
     TrainingJobStatus,
 )
+from elastra.api.reasons import Reason
 from elastra.controller.observe import format_time
-
-
-class ConditionReason(StrEnum):
-    """Reasons the controller gives its conditions (and their Events), beyond the resize
-    decision's own (``elastra.elastic.resize.Reason``), a hold's (``admission``) and the
-    deadline's (``lifetime``). Users and alerts match on these strings: they are API."""
-
-    PLANNED = "Planned"
-    """Admitted: the planner found a plan (unless admission gave its own note)."""
-    UNPLACEABLE = "Unplaceable"
-    """Admitted False and Placed False: no node has a GPU type the job allows."""
-    PLACED = "Placed"
-    """Placed: every live pod is bound (the message counts them)."""
-    INSUFFICIENT_CAPACITY = "InsufficientCapacity"
-    """Placed False: no live pod, and no plan fits the free capacity."""
-    UNSCHEDULABLE = "Unschedulable"
-    """Placed False: the scheduler found no node for a pod."""
-    BINDING = "Binding"
-    """Placed False: pods are on their way to their nodes."""
-    WORLD_RUNNING = "WorldRunning"
-    NOT_RUNNING = "NotRunning"
-    STEADY = "Steady"
-    """Resizing False."""
-    AT_DESIRED = "AtDesired"
-    """Degraded False."""
-    BELOW_DESIRED = "BelowDesired"
-    """Degraded: the world is smaller than ``replicas`` for lack of capacity."""
-    SIZE_UNFORMABLE = "WorldSizeUnformable"
-    """Degraded: no world of ``replicas`` pods can train this job, whatever the capacity (the
-    global batch does not split over that many replicas, memory); the message says why."""
-    ACTIVE = "Active"
-    """Suspended False."""
-    ALL_WORKERS_SUCCEEDED = "AllWorkersSucceeded"
-    NOT_FINISHED = "NotFinished"
-    PERMANENT_FAILURE = "PermanentFailure"
-    """Failed: a worker exited with a code in ``failurePolicy.permanentExitCodes``."""
-    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
-    """Failed: restarts would exceed ``failurePolicy.maxRestarts``."""
-    JOB_FAILED = "JobFailed"
-    """Running, Resizing and Suspended False once the job failed."""
-    INVALID_SPEC = "InvalidSpec"
-    """Admitted False (and an Event): the operator cannot read a spec the API server accepted
-    (usually a CRD older than the operator); the message names the field."""
-    FAILED_CREATE = "FailedCreate"
-    """Event only: the API server refused a worker pod (a ResourceQuota, an admission webhook,
-    a LimitRange); the batch waits gated and the pass is retried with backoff."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +77,35 @@ def phase_of(conditions: Iterable[Condition]) -> Phase:
         if kind in true:
             return phase
     return Phase.PENDING
+
+
+def invalid_spec_status(
+    status: Mapping[str, Any], message: str, *, now: datetime, generation: int
+) -> dict[str, Any] | None:
+    """The raw status of a job whose spec the operator cannot read, or ``None`` when it says
+    so already: Admitted False (``Reason.INVALID_SPEC``, ``message``), merged as every pass
+    merges its conditions; the other conditions and the phase as they were (a running job
+    still trains on its last readable spec, and tools that act on ``Failed`` must not clean
+    it up); only a job that never had a phase reads ``Failed``.
+
+    Raw in, raw out: the spec cannot be parsed, so neither can the job.
+    """
+    previous = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+    admitted = [c for c in previous if c.get("type") == ConditionType.ADMITTED]
+    if any(c.get("message") == message for c in admitted):
+        return None
+    try:
+        before = [Condition.model_validate(c) for c in admitted]
+    except ValidationError:
+        before = []  # an Admitted condition nobody could have written: judged afresh
+    verdict = Verdict(ConditionType.ADMITTED, False, Reason.INVALID_SPEC, message)
+    (merged,) = merge_conditions(before, [verdict], now=now, generation=generation)
+    others = [c for c in previous if c.get("type") != ConditionType.ADMITTED]
+    return {
+        **status,
+        "conditions": [*others, merged.to_wire()],
+        "phase": status.get("phase") or str(Phase.FAILED),
+    }
 
 
 def condition(status: TrainingJobStatus, kind: ConditionType) -> Condition | None:

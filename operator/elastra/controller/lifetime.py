@@ -20,9 +20,6 @@ from datetime import datetime, timedelta
 from elastra.api import TrainingJob, TrainingJobStatus
 from elastra.controller.observe import format_time, parse_time
 
-DEADLINE_EXCEEDED = "DeadlineExceeded"
-"""Suspended reason while the workers stop, then the Failed reason."""
-
 
 @dataclass(frozen=True)
 class Deadline:

@@ -46,13 +46,13 @@ from elastra.api import (
     TrainingJobStatus,
     WorldStatus,
 )
+from elastra.api.reasons import Reason
 from elastra.controller import admission, capacity_requests, lifetime, sharing
 from elastra.controller.admission import Gate, Hold
 from elastra.controller.capacity import cluster_inventory
 from elastra.controller.capacity_requests import Requests, Want, read_placeholders
 from elastra.controller.children import children, planned_pods
 from elastra.controller.conditions import (
-    ConditionReason,
     condition,
     is_true,
     merge_conditions,
@@ -82,7 +82,6 @@ from elastra.controller.verdicts import Findings, failure, running_verdicts
 from elastra.elastic.resize import (
     GrowthEstimate,
     Move,
-    Reason,
     ResizeDecision,
     ResizeInput,
     decide,
@@ -181,7 +180,7 @@ def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> Pa
     if is_true(job.status, ConditionType.FAILED) or is_true(job.status, ConditionType.SUCCEEDED):
         plan = _terminal(job, facts)
     elif late.exceeded and not facts:
-        plan = _fail(job, facts, now, reason=lifetime.DEADLINE_EXCEEDED, message=late.message)
+        plan = _fail(job, facts, now, reason=Reason.DEADLINE_EXCEEDED, message=late.message)
     else:
         hold = _hold(job, gate, late)
         plan = _running(obs, facts, gate=gate, hold=hold, settings=settings, now=now)
@@ -200,9 +199,7 @@ def _hold(job: TrainingJob, gate: Gate | None, late: lifetime.Deadline) -> Hold 
     """What keeps the job from running: admission's hold, else a passed deadline."""
     hold = admission.hold_of(job, gate)
     if hold is None and late.exceeded:
-        return Hold(
-            lifetime.DEADLINE_EXCEEDED, late.message + "; every worker checkpoints and stops"
-        )
+        return Hold(Reason.DEADLINE_EXCEEDED, late.message + "; every worker checkpoints and stops")
     return hold
 
 
@@ -240,7 +237,7 @@ def _running(
     job = admission.capped(obs.job, gate)
     permanent = _permanent_failure(job, facts)
     if permanent is not None:
-        return _fail(job, facts, now, reason=ConditionReason.PERMANENT_FAILURE, message=permanent)
+        return _fail(job, facts, now, reason=Reason.PERMANENT_FAILURE, message=permanent)
     constraints = worker_constraints(job, settings)
     inventory = cluster_inventory(
         obs.nodes, obs.cluster_pods, own_job=f"{job.metadata.namespace}/{job.metadata.name}",
@@ -342,7 +339,7 @@ def _act(
             job,
             ctx.facts,
             ctx.now,
-            reason=ConditionReason.BACKOFF_LIMIT_EXCEEDED,
+            reason=Reason.BACKOFF_LIMIT_EXCEEDED,
             message=(
                 f"{job.status.restarts + 1} restarts exceed failurePolicy.maxRestarts "
                 f"{job.spec.failure_policy.max_restarts}; last: {decision.message}"
@@ -384,7 +381,7 @@ def _withdrawn(requests: Requests, said: Sequence[EventSpec]) -> tuple[EventSpec
     the pass says it already (Admitted turning False for a type no node has)."""
     if requests.event is None or any(requests.event in e.message for e in said):
         return ()
-    return (EventSpec(EventType.WARNING, capacity_requests.CAPACITY_UNSATISFIED, requests.event),)
+    return (EventSpec(EventType.WARNING, Reason.CAPACITY_UNSATISFIED, requests.event),)
 
 
 def _restarts_exhausted(job: TrainingJob, decision: ResizeDecision) -> bool:
@@ -585,7 +582,7 @@ def _unplaceable(
         return None, ctx.note
     if requests.open:
         asked = f"{impossible}; asked the cluster's autoscaler for such nodes"
-        return None, ctx.note or (capacity_requests.CAPACITY_REQUESTED, asked)
+        return None, ctx.note or (Reason.CAPACITY_REQUESTED, asked)
     if requests.unsatisfied and requests.record is not None:
         return f"{impossible}; {requests.record.message}", ctx.note
     return impossible, ctx.note
@@ -766,7 +763,7 @@ def _settle(
     held = (
         suspended is not None
         and suspended.status == "True"
-        and suspended.reason != lifetime.DEADLINE_EXCEEDED
+        and suspended.reason != Reason.DEADLINE_EXCEEDED
     )
     started = status.start_time if finished else lifetime.start_time(status, held=held, now=now)
     completed = lifetime.completion_time(status, finished=finished, now=now)

@@ -27,14 +27,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from elastra.api import (
-    ConditionStatus,
-    ConditionType,
-    Phase,
     TrainingJob,
     parse_trainingjob,
 )
+from elastra.api.reasons import Reason
 from elastra.controller import admission, metrics
-from elastra.controller.conditions import ConditionReason
+from elastra.controller.conditions import invalid_spec_status
 from elastra.controller.manifests import headless_service, is_gated, network_policy
 from elastra.controller.observe import WorkerProgress
 from elastra.controller.passplan import EventType, Observation, PassPlan, plan_pass
@@ -298,7 +296,7 @@ async def _refused(kube: Kube, raw: JsonDict, *, err: ApiError, kind: _PodKind) 
         kube,
         raw,
         kind=EventType.WARNING,
-        reason=ConditionReason.FAILED_CREATE,
+        reason=Reason.FAILED_CREATE,
         message=f"the API server refused {kind.noun}: {err.message}; {kind.after_refusal}",
     )
 
@@ -429,33 +427,21 @@ def _writes(raw: JsonDict, plan: PassPlan) -> int:
 async def _reject(
     kube: Kube, snapshot: ClusterSnapshot, raw: JsonDict, message: str, *, now: datetime
 ) -> None:
-    """A spec the API server accepted but the operator cannot read: say so once.
+    """A spec the API server accepted but the operator cannot read: say so once
+    (``invalid_spec_status``).
 
     Nothing else is touched: the pods keep running and the world stays recorded, so a
-    corrected spec picks up where the job was. The phase stays what it was (a running job
-    still trains on its last readable spec, and tools that act on `Failed` must not clean
-    it up); only a job that never had one reads `Failed`.
+    corrected spec picks up where the job was.
     """
     message = message[:4096]
-    status = dict(raw.get("status") or {})
-    previous = status.get("conditions") or []
-    said = {c.get("message") for c in previous if c.get("type") == ConditionType.ADMITTED}
-    if message in said:
+    generation = int((raw.get("metadata") or {}).get("generation") or 0)
+    status = invalid_spec_status(raw.get("status") or {}, message, now=now, generation=generation)
+    if status is None:
         _log_pass(raw, 0)
         return
-    admitted = {
-        "type": str(ConditionType.ADMITTED),
-        "status": str(ConditionStatus.FALSE),
-        "reason": str(ConditionReason.INVALID_SPEC),
-        "message": message,
-        "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-    conditions = [c for c in previous if c.get("type") != ConditionType.ADMITTED]
-    phase = status.get("phase") or str(Phase.FAILED)
-    status.update({"conditions": [*conditions, admitted], "phase": phase})
     written = await resources.replace_job_status(kube, {**raw, "status": status})
     snapshot.wrote_job(raw, written, at=now)
     await events.record_event(
-        kube, raw, kind=EventType.WARNING, reason=ConditionReason.INVALID_SPEC, message=message
+        kube, raw, kind=EventType.WARNING, reason=Reason.INVALID_SPEC, message=message
     )
     _log_pass(raw, 2)

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from elastra.api import TrainingJob
+from elastra.api.reasons import Reason
 from elastra.controller.manifests import LABEL_JOB
 from elastra.controller.memo import LastOf, PerObject
 from elastra.controller.observe import PodFacts
@@ -142,7 +143,7 @@ def _starved(status: JsonDict, suspended: bool) -> bool:
         not terminal
         and admitted.get("status") != "False"
         and degraded.get("status") == "True"
-        and degraded.get("reason") == "InsufficientCapacity"
+        and degraded.get("reason") == Reason.INSUFFICIENT_CAPACITY
     )
 
 

@@ -2,7 +2,7 @@
 
 A running pass gathers what it found (``Findings``) and asks each condition's function for
 its ``Verdict``; ``conditions.merge_conditions`` turns them into the status's conditions.
-A job that fails gets ``failure``'s verdicts instead. Reasons are ``ConditionReason``s, the
+A job that fails gets ``failure``'s verdicts instead. Reasons are ``Reason``s, the
 resize decision's ``Reason``s, or a hold's.
 
 Pure: values in, verdicts out.
@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from elastra.api import Condition, ConditionType
+from elastra.api.reasons import Reason
 from elastra.controller.admission import Hold
-from elastra.controller.conditions import ConditionReason, Verdict
+from elastra.controller.conditions import Verdict
 from elastra.controller.observe import PodFacts
 from elastra.controller.planning import Placement
 from elastra.elastic.resize import ResizeDecision
@@ -58,8 +59,8 @@ class Findings:
 def admitted(found: Findings) -> Verdict:
     """Admitted: False only when no node could ever run the job."""
     if found.impossible is not None:
-        return Verdict(ConditionType.ADMITTED, False, ConditionReason.UNPLACEABLE, found.impossible)
-    reason, message = found.note or (ConditionReason.PLANNED, PLANNED_MESSAGE)
+        return Verdict(ConditionType.ADMITTED, False, Reason.UNPLACEABLE, found.impossible)
+    reason, message = found.note or (Reason.PLANNED, PLANNED_MESSAGE)
     return Verdict(ConditionType.ADMITTED, True, reason, message)
 
 
@@ -68,17 +69,17 @@ def placed(found: Findings) -> Verdict:
     unbound = [f for f in found.live if not f.bound]
     live = len(found.live) + found.creating
     true = live > 0 and not unbound and not found.creating
-    reason: str = ConditionReason.PLACED
+    reason: str = Reason.PLACED
     message = f"{len(found.live) - len(unbound)} of {live} bound"
     if found.impossible is not None:
-        reason, message = ConditionReason.UNPLACEABLE, found.impossible
+        reason, message = Reason.UNPLACEABLE, found.impossible
     elif not live and found.capacity is not None:
         reason, message = found.capacity
     elif not live and found.placement.reason:
-        reason, message = ConditionReason.INSUFFICIENT_CAPACITY, found.placement.reason
+        reason, message = Reason.INSUFFICIENT_CAPACITY, found.placement.reason
     elif unbound or found.creating:
         stuck = any(f.view.unschedulable for f in unbound)
-        reason = ConditionReason.UNSCHEDULABLE if stuck else ConditionReason.BINDING
+        reason = Reason.UNSCHEDULABLE if stuck else Reason.BINDING
     return Verdict(ConditionType.PLACED, true, reason, message)
 
 
@@ -87,10 +88,8 @@ def running(found: Findings) -> Verdict:
     members = found.members
     if members and all(f.view.state is WorkerState.READY for f in members):
         message = f"{found.world_size} workers in the world"
-        return Verdict(ConditionType.RUNNING, True, ConditionReason.WORLD_RUNNING, message)
-    return Verdict(
-        ConditionType.RUNNING, False, ConditionReason.NOT_RUNNING, found.decision.message
-    )
+        return Verdict(ConditionType.RUNNING, True, Reason.WORLD_RUNNING, message)
+    return Verdict(ConditionType.RUNNING, False, Reason.NOT_RUNNING, found.decision.message)
 
 
 def resizing(found: Findings) -> Verdict:
@@ -102,7 +101,7 @@ def resizing(found: Findings) -> Verdict:
         return Verdict(ConditionType.RESIZING, True, decision.reason.value, decision.message)
     if found.forming is not None:
         return Verdict(ConditionType.RESIZING, True, *found.forming)
-    return Verdict(ConditionType.RESIZING, False, ConditionReason.STEADY)
+    return Verdict(ConditionType.RESIZING, False, Reason.STEADY)
 
 
 def degraded(found: Findings) -> Verdict:
@@ -112,7 +111,7 @@ def degraded(found: Findings) -> Verdict:
     """
     why = _degradation(found)
     if why is None:
-        return Verdict(ConditionType.DEGRADED, False, ConditionReason.AT_DESIRED)
+        return Verdict(ConditionType.DEGRADED, False, Reason.AT_DESIRED)
     reason, message = why
     return Verdict(ConditionType.DEGRADED, found.hold is None, reason, message)
 
@@ -126,7 +125,7 @@ def _degradation(found: Findings) -> tuple[str, str] | None:
     if decision.degraded:
         return decision.reason.value, _asked(found.plan_problem or decision.message, found)
     if found.plan_problem is not None:
-        return ConditionReason.BELOW_DESIRED, found.plan_problem
+        return Reason.BELOW_DESIRED, found.plan_problem
     return _shortage(found) if _short(found) else None
 
 
@@ -137,8 +136,8 @@ def _shortage(found: Findings) -> tuple[str, str]:
     if placement.limited and placement.short_reason:
         message += f"; {found.replicas} cannot: {placement.short_reason}"
     if placement.unformable:
-        return ConditionReason.SIZE_UNFORMABLE, message
-    return ConditionReason.BELOW_DESIRED, _asked(message, found)
+        return Reason.SIZE_UNFORMABLE, message
+    return Reason.BELOW_DESIRED, _asked(message, found)
 
 
 def _asked(message: str, found: Findings) -> str:
@@ -160,7 +159,7 @@ def _short(found: Findings) -> bool:
 def suspended(found: Findings) -> Verdict:
     """Suspended: something holds the job (``spec.suspend``, Kueue, the deadline)."""
     if found.hold is None:
-        return Verdict(ConditionType.SUSPENDED, False, ConditionReason.ACTIVE)
+        return Verdict(ConditionType.SUSPENDED, False, Reason.ACTIVE)
     return Verdict(ConditionType.SUSPENDED, True, found.hold.reason, found.hold.message)
 
 
@@ -168,9 +167,9 @@ def succeeded(found: Findings) -> Verdict:
     """Succeeded: every worker of the world exited 0."""
     decision = found.decision
     if decision.completed:
-        reason = ConditionReason.ALL_WORKERS_SUCCEEDED
+        reason = Reason.ALL_WORKERS_SUCCEEDED
         return Verdict(ConditionType.SUCCEEDED, True, reason, decision.message)
-    return Verdict(ConditionType.SUCCEEDED, False, ConditionReason.NOT_FINISHED)
+    return Verdict(ConditionType.SUCCEEDED, False, Reason.NOT_FINISHED)
 
 
 RUNNING_CONDITIONS: tuple[Callable[[Findings], Verdict], ...] = (
@@ -199,7 +198,7 @@ def failure(previous: Iterable[Condition], reason: str, message: str) -> list[Ve
     return [
         Verdict(ConditionType.FAILED, True, reason, message),
         *(
-            Verdict(c.type, False, ConditionReason.JOB_FAILED, message)
+            Verdict(c.type, False, Reason.JOB_FAILED, message)
             for c in previous
             if c.type in STOPPED_BY_FAILURE
         ),

@@ -32,27 +32,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from enum import StrEnum
 
+from elastra.api.reasons import Reason
 from elastra.elastic.workers import PodName, WorkerState, WorkerView
 from elastra.requeue import Requeue
-
-
-class Reason(StrEnum):
-    """Why a world was formed or a job waits; used as condition and event reasons."""
-
-    INITIAL = "WorldFormed"
-    SCALED_DOWN = "ScaledDown"
-    SCALED_UP = "ScaledUp"
-    WORKER_FAILED = "WorkerFailed"
-    WORKER_LOST = "WorkerLost"
-    UNSCHEDULABLE = "Unschedulable"
-    INSUFFICIENT_CAPACITY = "InsufficientCapacity"
-    SUSPENDED = "Suspended"
-    COMPLETED = "Completed"
-    RELOCATED = "Relocated"
-    JOIN_TIMED_OUT = "JoinTimedOut"
-    STEADY = "Steady"
 
 
 @dataclass(frozen=True)
@@ -536,7 +519,7 @@ def _form_initial(
     create = min(create, inp.desired - len(pods))
     return ResizeDecision(
         world=pods,
-        reason=Reason.INITIAL,
+        reason=Reason.WORLD_FORMED,
         message=f"formed a world of {len(pods) + create} workers",
         create=create,
         joins=create > 0,

@@ -30,7 +30,8 @@ import math
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
-from elastra.elastic.resize import GrowthEstimate, Reason, ResizeInput, ResizePolicy, decide
+from elastra.api.reasons import Reason
+from elastra.elastic.resize import GrowthEstimate, ResizeInput, ResizePolicy, decide
 from elastra.elastic.share import Claim, Scope, gifts
 from elastra.elastic.workers import PodName, WorkerState, WorkerView
 from elastra.sim.engine import JobState, Pod, Policy, Simulation

@@ -8,9 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from elastra.api import CapacityRequestState, CapacityRequestStatus
+from elastra.api.reasons import Reason
 from elastra.controller.capacity_requests import (
-    CAPACITY_REQUESTED,
-    CAPACITY_UNSATISFIED,
     HOLD_RECHECK,
     Placeholder,
     Want,
@@ -172,7 +171,7 @@ def test_an_open_request_keeps_its_start_and_says_when_it_times_out() -> None:
                  timeout=TIMEOUT, now=NOW)  # fmt: skip
     assert out.record is not None and out.record.since == "2026-01-01T11:58:20Z"
     assert out.recheck == timedelta(seconds=500), "the oldest request's deadline"
-    assert out.condition() == (CAPACITY_REQUESTED, out.record.message)
+    assert out.condition() == (Reason.CAPACITY_REQUESTED, out.record.message)
     assert "2 more workers" in out.record.message
 
 
@@ -192,7 +191,7 @@ def test_a_new_request_starts_now() -> None:
 def test_the_withdrawal_says_why(existing: tuple[Placeholder, ...], why: str) -> None:
     out = decide(want(), existing, recorded=record(REQUESTED), timeout=TIMEOUT, now=NOW)
     assert out.event is not None and why in out.event and "600s" in out.event
-    assert out.condition() == (CAPACITY_UNSATISFIED, out.event)
+    assert out.condition() == (Reason.CAPACITY_UNSATISFIED, out.event)
 
 
 def test_no_flapping_over_passes() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from elastra.api import TrainingJobStatus, parse_trainingjob
+from elastra.api.reasons import Reason
 from elastra.controller.children import Children, children
 from elastra.controller.manifests import (
     ANNOTATION_ASSIGNMENT,
@@ -22,7 +23,7 @@ from elastra.controller.manifests import (
 )
 from elastra.controller.observe import PodFacts, format_time
 from elastra.controller.planning import NewPod, Placement
-from elastra.elastic.resize import Reason, ResizeDecision
+from elastra.elastic.resize import ResizeDecision
 from elastra.elastic.workers import NodeName, PodName, WorkerState, WorkerView
 from tests.unit.controller.fakecluster import T0, gpt_job
 from tests.unit.controller.test_passplan import SETTINGS

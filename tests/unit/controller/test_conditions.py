@@ -6,8 +6,14 @@ from datetime import timedelta
 
 import pytest
 
-from elastra.api import Condition, ConditionType, Phase, TrainingJobStatus
-from elastra.controller.conditions import Verdict, is_true, merge_conditions, phase_of
+from elastra.api import Condition, ConditionType, Phase, Reason, TrainingJobStatus
+from elastra.controller.conditions import (
+    Verdict,
+    invalid_spec_status,
+    is_true,
+    merge_conditions,
+    phase_of,
+)
 from elastra.controller.observe import format_time
 from tests.unit.controller.fakecluster import T0
 
@@ -75,3 +81,45 @@ def test_is_true_reads_one_condition() -> None:
         False,
         False,
     )
+
+
+RUNNING = {"type": "Running", "status": "True", "reason": "WorldRunning"}
+ADMITTED = {
+    "type": "Admitted",
+    "status": "False",
+    "reason": "InvalidSpec",
+    "message": "spec.replicas: old words",
+    "lastTransitionTime": format_time(T0),
+}
+
+
+@pytest.mark.parametrize(
+    ("status", "conditions", "phase", "stamp"),
+    [
+        ({}, [], "Failed", LATER),  # never had a phase: Failed
+        ({"phase": "Running", "conditions": [RUNNING]}, [RUNNING], "Running", LATER),
+        # already False for another message: new words, the transition time kept
+        ({"phase": "Running", "conditions": [ADMITTED, RUNNING]}, [RUNNING], "Running", T0),
+    ],
+    ids=["new-job", "running-job", "new-message"],
+)
+def test_an_unreadable_spec_turns_admitted_false_and_keeps_the_rest(
+    status: dict[str, object], conditions: list[object], phase: str, stamp: object
+) -> None:
+    got = invalid_spec_status(status, "spec.replicas: new words", now=LATER, generation=3)
+    assert got is not None
+    *others, admitted = got["conditions"]
+    assert others == conditions and got["phase"] == phase
+    assert admitted == {
+        "type": "Admitted",
+        "status": "False",
+        "reason": Reason.INVALID_SPEC,
+        "message": "spec.replicas: new words",
+        "lastTransitionTime": format_time(stamp),  # type: ignore[arg-type]
+        "observedGeneration": 3,
+    }
+
+
+def test_an_unreadable_spec_already_reported_writes_nothing() -> None:
+    status = {"phase": "Running", "conditions": [ADMITTED, RUNNING]}
+    assert invalid_spec_status(status, ADMITTED["message"], now=LATER, generation=3) is None

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from elastra.api import Condition, ConditionType
+from elastra.api.reasons import Reason
 from elastra.controller.admission import Hold
-from elastra.controller.conditions import ConditionReason, Verdict
+from elastra.controller.conditions import Verdict
 from elastra.controller.observe import PodFacts
 from elastra.controller.planning import Placement
 from elastra.controller.verdicts import (
@@ -31,7 +32,7 @@ from elastra.controller.verdicts import (
     succeeded,
     suspended,
 )
-from elastra.elastic.resize import Reason, ResizeDecision
+from elastra.elastic.resize import ResizeDecision
 from elastra.elastic.workers import NodeName, PodName, WorkerState, WorkerView
 from tests.unit.controller.fakecluster import T0, FakeCluster, gpt_job, node
 from tests.unit.controller.test_passplan import SETTINGS
@@ -210,7 +211,7 @@ def test_a_failure_turns_off_what_it_ends_and_leaves_the_rest() -> None:
         Condition(type=t, status="True", reason="x", last_transition_time="2026-01-01T00:00:00Z")
         for t in (ConditionType.PLACED, ConditionType.RUNNING, ConditionType.SUSPENDED)
     ]
-    verdicts = failure(previous, ConditionReason.PERMANENT_FAILURE, "code 2")
+    verdicts = failure(previous, Reason.PERMANENT_FAILURE, "code 2")
     assert [(v.type, v.true, v.reason) for v in verdicts] == [
         (ConditionType.FAILED, True, "PermanentFailure"),
         (ConditionType.RUNNING, False, "JobFailed"),
@@ -236,10 +237,10 @@ def test_a_size_no_world_can_train_says_why_in_the_condition_and_an_event() -> N
     cluster.converge()
     assert cluster.job.status.world.replicas == 2
     status, reason, message = degraded_condition(cluster)
-    assert (status, reason) == ("True", ConditionReason.SIZE_UNFORMABLE)
+    assert (status, reason) == ("True", Reason.SIZE_UNFORMABLE)
     assert message.startswith("world has 2 of 3 desired workers; 3 cannot: ")
     assert "dp=24 replicas exceed globalBatchSize=16" in message
-    events = [m for r, m in cluster.events if r == ConditionReason.SIZE_UNFORMABLE]
+    events = [m for r, m in cluster.events if r == Reason.SIZE_UNFORMABLE]
     assert events == [message], "one Event, when the condition took the reason"
 
 
@@ -247,5 +248,5 @@ def test_short_of_capacity_stays_below_desired_with_the_reason() -> None:
     cluster = FakeCluster(job(4, 64), [node(f"a100-{i}", product=A100) for i in range(2)], SETTINGS)
     cluster.converge()
     status, reason, message = degraded_condition(cluster)
-    assert (status, reason) == ("True", ConditionReason.BELOW_DESIRED)
+    assert (status, reason) == ("True", Reason.BELOW_DESIRED)
     assert message.startswith("world has 2 of 4 desired workers; 4 cannot: not enough capacity")

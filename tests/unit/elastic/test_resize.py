@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from elastra.api.reasons import Reason
 from elastra.elastic.resize import (
     GrowthEstimate,
     Move,
-    Reason,
     ResizeInput,
     ResizePolicy,
     decide,
@@ -87,7 +87,7 @@ def run(
 def test_fresh_job_forms_its_first_world_of_the_pods_it_creates() -> None:
     d = run([], desired=8, minimum=2, placeable=4)
     assert d.world == () and d.create == 4 and d.joins
-    assert d.reason is Reason.INITIAL and not d.degraded
+    assert d.reason is Reason.WORLD_FORMED and not d.degraded
 
 
 def test_fresh_job_below_minimum_waits_degraded() -> None:
@@ -106,7 +106,7 @@ def test_a_first_world_takes_starting_pods_and_waits_for_them_to_run() -> None:
     ]
     formed = run(starting, desired=3, placeable=0)
     assert formed.world == world(0, 1, 2) and not formed.joins
-    assert formed.reason is Reason.INITIAL
+    assert formed.reason is Reason.WORLD_FORMED
     forming = run(starting, desired=3, current=world(0, 1, 2), placeable=3)
     assert forming.world is None and forming.create == 0
     assert "1 of 3 workers running" in forming.message
@@ -413,12 +413,12 @@ def test_properties(inp: ResizeInput) -> None:
             assert size >= inp.minimum, "never a world below minReplicas"
         for name in d.world:
             starting = by_pod[name].state.waiting
-            first = d.reason is Reason.INITIAL or name in inp.world
+            first = d.reason is Reason.WORLD_FORMED or name in inp.world
             assert by_pod[name].healthy or (starting and first), (
                 "a running world takes only Ready pods; a first one takes starting pods too"
             )
             assert name not in d.delete and name not in d.retire
-    assert not d.joins or d.reason is Reason.INITIAL, "created pods join only a first world"
+    assert not d.joins or d.reason is Reason.WORLD_FORMED, "created pods join only a first world"
     assert d.create <= inp.placeable, "never create more than fits"
     if d.create:
         keeps = [
