@@ -2,8 +2,8 @@
 
 A running pass gathers what it found (``Findings``) and asks each condition's function for
 its ``Verdict``; ``conditions.merge_conditions`` turns them into the status's conditions.
-A job that fails gets ``failure``'s verdicts instead. Reasons are ``Reason``s, the
-resize decision's ``Reason``s, or a hold's.
+A job that fails gets ``failure``'s verdicts instead. Every reason is an
+``elastra.api.Reason`` (the resize decision's and a hold's too).
 
 Pure: values in, verdicts out.
 """
