@@ -119,3 +119,15 @@ def test_twenty_consecutive_resizes_do_not_hang(tmp_path: Path, static_run: Loca
     assert run.returncode == 0, run.output[-3000:]
     assert [r["worldSize"] for r in run.records] == sizes
     assert_same_params(run, static_run)
+
+
+def test_a_finished_run_started_again_trains_nothing(tmp_path: Path) -> None:
+    """Before: restored at its last step, the world trained one more and committed it, so
+    every restart of a finished run grew it by a step."""
+    ckpt = tmp_path / "ckpt"
+    first = run_local(tmp_path / "a", "2:0", steps=4, checkpoint_dir=ckpt)
+    assert first.returncode == 0, first.output[-3000:]
+    again = run_local(tmp_path / "b", "2:0", steps=4, checkpoint_dir=ckpt)
+    assert again.returncode == 0, again.output[-3000:]
+    assert again.records == []
+    assert CheckpointRoot(ckpt, job="local").committed_steps() == [4]

@@ -211,3 +211,32 @@ def test_failed_worlds_name_the_pod_and_its_exit_code(tmp_path: Path) -> None:
     assert "more than 5 failed worlds, giving up; the last: pod 1's agent exited with code 75" in (
         proc.stderr
     )
+
+
+def test_a_model_prepare_cannot_shard_fails_once_with_its_line(tmp_path: Path) -> None:
+    """Before: FSDP's TypeError was a crash, retried in six new worlds. Now the trainer exits
+    with the permanent code, and so do its agent and the launcher, after one world."""
+    script = """
+        import torch
+        from elastra_worker.api import Session
+        with Session.from_env() as sess:
+            sess.prepare(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    """
+    proc, _, _ = launch(tmp_path, "2:0:sharding=full", py(script), extra=["--steps", "3"],
+                        timeout=120)  # fmt: skip
+    assert proc.returncode == exitcodes.CONFIG, proc.stderr[-3000:]
+    assert (
+        "plan dp2tp1pp1 shards the model (full), but prepare() cannot: Sequential: expected its "
+        "blocks in a `layers` nn.ModuleDict" in proc.stderr
+    )
+    assert "Traceback" not in proc.stderr
+    assert "world version 2" not in proc.stderr, "no second world"
+    assert "exited with the permanent code 2" in proc.stderr
+
+
+def test_a_checkpoint_dir_under_a_regular_file_is_a_permanent_error(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").write_text("a file where the checkpoint folder should be")
+    proc, _, _ = launch(tmp_path, "2:0", py("pass"), extra=["--steps", "3"])
+    assert proc.returncode == exitcodes.CONFIG
+    assert f"--checkpoint-dir {tmp_path / 'ckpt'}: File exists" in proc.stderr
+    assert "Traceback" not in proc.stderr

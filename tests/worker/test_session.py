@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from elastra_worker.api import Session
 from elastra_worker.assignment import assignment_from_env, parse_assignment
 from elastra_worker.dataorder import DataOrder, rank_shares
+from elastra_worker.errors import PermanentError
 from elastra_worker.launcher import free_ports
 from elastra_worker.models.llama import make_batch
 from elastra_worker.parallel_model import build_parallel, llama_recipe
@@ -103,14 +104,14 @@ class _Counter:
 def test_register_errors() -> None:
     sess = _session(1)
     sess.register("counter", _Counter())
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(PermanentError, match="already registered"):
         sess.register("counter", _Counter())
-    with pytest.raises(ValueError, match="without"):
+    with pytest.raises(PermanentError, match="without"):
         sess.register("a/b", _Counter())
-    with pytest.raises(TypeError, match="state_dict"):
+    with pytest.raises(PermanentError, match="state_dict"):
         sess.register("plain", object())  # type: ignore[arg-type]
     sess.register("scaler", torch.amp.GradScaler("cpu"))
-    with pytest.raises(ValueError, match="one GradScaler"):
+    with pytest.raises(PermanentError, match="one GradScaler"):
         sess.register("scaler2", torch.amp.GradScaler("cpu"))
     sess._restore_called = True
     with pytest.raises(RuntimeError, match=r"after restore\(\)"):

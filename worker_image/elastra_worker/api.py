@@ -92,6 +92,7 @@ from .checkpoint import Checkpointer
 from .control import CONTROL_DIR_ENV, ControlDir, TrainerStatus
 from .dataorder import DataOrder, Share, rank_shares
 from .devices import GpuCheckError, trainer_device
+from .errors import PermanentError, install_hook
 from .exitcodes import RETRYABLE
 from .faults import Faults
 from .layout import (
@@ -107,7 +108,6 @@ from .objectstore import ObjectCheckpointRoot
 from .precision import apply_tf32, autocast, grad_scaler
 from .sampling import RankSlice, StepLoader, StepSampler
 from .stalls import StallWatch
-from .termination import exit_permanent
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +241,7 @@ class Session:
         device: torch.device | None = None,
         stall_watch: StallWatch | None = None,
     ) -> None:
+        install_hook()  # an uncaught PermanentError ends this trainer as a permanent failure
         self.assignment = assignment
         self.local_rank = local_rank
         self.rank = assignment.rank + local_rank
@@ -251,7 +252,7 @@ class Session:
         self.coord = self.plan.coord(self.rank)
         self.dp_rank = self.coord.dp_rank
         if self.consistency == "bitwise" and needs_mesh(self.plan):
-            raise ValueError(
+            raise PermanentError(
                 f"consistency bitwise is data parallel only (plan {self.plan.label}, sharding "
                 f"{self.plan.sharding}): use consistency data for tensor, pipeline or sharded plans"
             )
@@ -261,7 +262,7 @@ class Session:
             try:
                 device = trainer_device(assignment.gpus, local_rank)
             except GpuCheckError as err:  # a GPU pod that cannot see its GPUs: never on CPU
-                exit_permanent(str(err))
+                raise PermanentError(str(err)) from None
         self.device = device
         self.control = control
         self.step_log = step_log
@@ -366,7 +367,7 @@ class Session:
         try:
             apply_tf32()
         except ValueError as err:
-            exit_permanent(str(err))
+            raise PermanentError(str(err)) from None
         self._prev_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         a = self.assignment
         store = dist.TCPStore(  # type: ignore[attr-defined]  # exported, not declared
@@ -402,7 +403,7 @@ class Session:
         try:
             root.probe()  # an unusable root fails the job now (permanent), not at the first save
         except UnusableRootError as err:
-            exit_permanent(str(err))
+            raise PermanentError(str(err)) from None
         except CheckpointError as err:  # storage out of reach for now: a new world retries
             log.error("%s", err)
             raise SystemExit(RETRYABLE) from None
@@ -477,17 +478,23 @@ class Session:
         reference model, or your own through a ``ModelRecipe``), which calls ``adopt``.
         """
         if self.plan.tp > 1 or self.plan.pp > 1:
-            raise ValueError(
+            raise PermanentError(
                 f"plan {self.plan.label}: prepare() takes a whole module; tensor and pipeline "
                 "parallel plans need a ModelRecipe (elastra_worker.parallel_model.build_parallel)"
             )
         if self.consistency == "bitwise":
             if _averaging_wrapper(model):
-                raise ValueError("consistency bitwise needs a bare module, not DDP/FSDP")
+                raise PermanentError("consistency bitwise needs a bare module, not DDP/FSDP")
         elif self.plan.sharding != "none" and not _is_fsdp(model):
             from .parallel.fsdp import apply_fsdp  # noqa: PLC0415 - only sharded plans need it
 
-            apply_fsdp(model, self.mesh.sub("dp"), self.plan.sharding, precision=self.precision)
+            try:
+                apply_fsdp(model, self.mesh.sub("dp"), self.plan.sharding, precision=self.precision)
+            except TypeError as err:  # the model is not laid out as the sharding needs
+                raise PermanentError(
+                    f"plan {self.plan.label} shards the model ({self.plan.sharding}), but "
+                    f"prepare() cannot: {err}"
+                ) from None
         elif not _averaging_wrapper(model):
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = DistributedDataParallel(model, device_ids=ids)
@@ -551,18 +558,18 @@ class Session:
                 "session.restore(), which loads them"
             )
         if not name or "/" in name or "." in name:
-            raise ValueError(f"register: name {name!r} must be non-empty without '/' or '.'")
+            raise PermanentError(f"register: name {name!r} must be non-empty without '/' or '.'")
         if name in self._objects:
-            raise ValueError(f"register: {name!r} is already registered")
+            raise PermanentError(f"register: {name!r} is already registered")
         if name == SCALER_NAME and not isinstance(obj, torch.amp.GradScaler):
-            raise ValueError(f"register: the name {name!r} is kept for the loss scaler")
+            raise PermanentError(f"register: the name {name!r} is kept for the loss scaler")
         if not callable(getattr(obj, "state_dict", None)) or not callable(
             getattr(obj, "load_state_dict", None)
         ):
-            raise TypeError(f"register({name!r}): {type(obj).__name__} has no state_dict()")
+            raise PermanentError(f"register({name!r}): {type(obj).__name__} has no state_dict()")
         if isinstance(obj, torch.amp.GradScaler):
             if self._scaler is not None:
-                raise ValueError("register: one GradScaler per session")
+                raise PermanentError("register: one GradScaler per session")
             self._scaler = obj
         self._objects[name] = obj
 
@@ -658,7 +665,9 @@ class Session:
     def _bind(self, models: Models, optimizers: Optimizers) -> None:
         parts, opts = _as_list(models), _as_list(optimizers)
         if len(parts) != len(opts):
-            raise ValueError(f"{len(parts)} model parts but {len(opts)} optimizers: one per part")
+            raise PermanentError(
+                f"{len(parts)} model parts but {len(opts)} optimizers: one per part"
+            )
         self._parts, self._optimizers = parts, opts
 
     def restore(self, model: Models, optimizer: Optimizers) -> int:
@@ -732,7 +741,7 @@ class Session:
                 "globalBatchSize": a.global_batch_size,
             }
             if saved is not None and saved != now:
-                raise ValueError(
+                raise PermanentError(
                     f"the checkpoint's data order {saved} differs from this run's {now}: "
                     f"consistency {a.consistency} cannot hold; use the original values"
                 )
@@ -740,6 +749,12 @@ class Session:
         self._ensure_scaler()
         if total_steps is not None and self._step >= total_steps:
             self._done = True
+            return
+        stop_at = a.stop_at_step
+        if stop_at is not None and self._step >= stop_at:
+            # Restored at (or past) the step this world is to stop at: before, it trained one
+            # more step and committed it, so a finished run restarted grew by a step each time.
+            self._stop_agreed = True
             return
         self._step_time = time.monotonic()
         while not self._stop_agreed:

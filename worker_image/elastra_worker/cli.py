@@ -23,6 +23,7 @@ from .assignment import (
     assignment_from_env,
     assignment_path,
 )
+from .errors import PermanentError
 from .faults import Chaos
 from .launcher import MAX_FAILED_WORLDS, LaunchError, LocalJob, LocalLauncher, parse_fault
 from .lifeline import arm_from_env
@@ -112,6 +113,9 @@ def _local(args: argparse.Namespace, command: list[str]) -> int:
     )
     try:
         return LocalLauncher(job).run()
+    except PermanentError as err:
+        logging.getLogger("elastra_worker").error("%s", err)
+        return exitcodes.CONFIG
     except LaunchError as err:
         logging.getLogger("elastra_worker").error("%s", err)
         return exitcodes.RETRYABLE

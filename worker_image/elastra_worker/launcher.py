@@ -43,6 +43,7 @@ from typing import Any, Literal
 
 from . import exitcodes
 from .assignment import API_VERSION, DEFAULT_PRECISION, KIND, Consistency, Precision, plan_to_wire
+from .errors import PermanentError
 from .faults import CHAOS_ENV, KILL_AT_STEP_ENV, KILL_IN_SAVE_ENV
 from .lifeline import PARENT_PID_ENV
 from .schedule import Segment, plan_for
@@ -56,7 +57,7 @@ MAX_FAILED_WORLDS = 5
 EXITING_PHASES = ("done", "failed", "terminated")
 AGENT_EXIT_WAIT_S = 30.0
 
-WorldState = Literal["running", "finished", "done", "failed"]
+WorldState = Literal["running", "finished", "done", "failed", "invalid"]
 SegmentEnd = Literal["stopped", "replaced", "done"]
 
 
@@ -326,6 +327,11 @@ class LocalLauncher:
         where = f"phase {phase!r} in world version {version}"
         if phase == "done" and code in (None, 0):
             return "done", f"pod {pod.index}: its trainers finished ({where})"
+        if code == exitcodes.CONFIG:
+            return "invalid", (
+                f"pod {pod.index}'s agent exited with the permanent code {code} ({where}): "
+                "a mistake no new world fixes (the trainer's line above says which)"
+            )
         if code is not None:
             return "failed", f"pod {pod.index}'s agent exited with code {code} ({where})"
         if version == self.version and phase in ("stopped", "waiting"):
@@ -346,9 +352,10 @@ class LocalLauncher:
         """The world's state and why: 'failed' if any member failed, 'done' once every member
         finished its steps (or stopped beside one that did), 'finished' once all stopped."""
         views = [self._member(self.pods[i]) for i in range(seg.size)]
-        for state, why in views:
-            if state == "failed":
-                return "failed", why
+        for worst in ("invalid", "failed"):
+            for state, why in views:
+                if state == worst:
+                    return state, why
         states = {state for state, _ in views}
         if "done" in states and states <= {"done", "finished"}:
             return "done", ""
@@ -365,9 +372,19 @@ class LocalLauncher:
                     self._faults_pending[key] = None
 
     def run(self) -> int:
-        """Drive the schedule until its last world stops or the trainers finish; 0 when done."""
-        self.job.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        self.job.log_file.parent.mkdir(parents=True, exist_ok=True)
+        """Drive the schedule until its last world stops or the trainers finish; 0 when done.
+
+        ``PermanentError`` when a folder cannot be made or a pod's agent exits with the
+        permanent code (a new world would fail the same way); ``LaunchError`` when worlds keep
+        failing or hang."""
+        for option, folder in (
+            ("--checkpoint-dir", self.job.checkpoint_dir),
+            ("--log's folder", self.job.log_file.parent),
+        ):
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as err:  # a regular file on the way, no permission
+                raise PermanentError(f"{option} {folder}: {err.strerror}") from None
         self.job.log_file.unlink(missing_ok=True)
         self._t0 = time.monotonic()  # SECONDSs schedule points count from here
         # SIGTERM (a CI deadline, Ctrl-C's cousin) still runs the cleanup below.
@@ -404,6 +421,8 @@ class LocalLauncher:
                 return "done"
             if state == "finished":
                 return "stopped"
+            if state == "invalid":
+                raise PermanentError(why)
             if seg.until_s is not None and self._elapsed() >= seg.until_s:
                 return "replaced"
             if state == "failed":
