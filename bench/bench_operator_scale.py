@@ -49,14 +49,14 @@ ELASTRA_BENCH_OPERATOR_ARGS=--verbose it names the fields each status write chan
 ELASTRA_BENCH_ENDPOINT_CONTROLLERS (off), ELASTRA_BENCH_SAME_PODS (off).
 
 With ELASTRA_BENCH_SAME_PODS=on a third phase runs between the two: a plain client creates the
-operator's own worker pods (built by ``elastra.controller.manifests``, ungated, each pinned to a
-node with a free GPU, carrying rank r's assignment, without the owner reference: no TrainingJob
-exists then and the garbage collector would delete them). The plain client's pods are minimal;
-the worker pods carry what a worker needs (security contexts, volumes, environment, the
-assignment), which every write, watch event and status update of a pod pays for. The JSON line
-then adds ``samePodsSeconds`` and ``ratioOperatorToSamePods``: what the operator's protocol costs
-over creating its pods directly, apart from what the pods' content costs.
-"""
+operator's own worker pods (built by ``elastra.controller.decide.manifests``, ungated, each
+pinned to a node with a free GPU, carrying rank r's assignment, without the owner reference: no
+TrainingJob exists then and the garbage collector would delete them). The plain client's pods
+are minimal; the worker pods carry what a worker needs (security contexts, volumes,
+environment, the assignment), which every write, watch event and status update of a pod pays
+for. The JSON line then adds ``samePodsSeconds`` and ``ratioOperatorToSamePods``: what the
+operator's protocol costs over creating its pods directly, apart from what the pods' content
+costs."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ from e2e.cluster.state import State  # noqa: E402
 from elastra.api import parse_trainingjob  # noqa: E402
 from elastra.api.resource import PLURAL  # noqa: E402
 from elastra.commands.run import parse_toleration  # noqa: E402
-from elastra.controller.manifests import (  # noqa: E402
+from elastra.controller.decide.manifests import (  # noqa: E402
     RankSpec,
     assignment_json,
     pod_name,

@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from elastra.api import parse_trainingjob
-from elastra.controller.manifests import worker_constraints
+from elastra.controller.decide.manifests import worker_constraints
 from elastra.controller.settings import OperatorSettings, Toleration
 from elastra.planner import parse_inventory, plan_job
 from elastra.planner.catalog import by_name

@@ -43,8 +43,8 @@ from e2e.cluster import karpenter as kp  # noqa: E402
 from e2e.cluster.controlplane import down, up  # noqa: E402
 from e2e.cluster.state import Layout, State  # noqa: E402
 
-from elastra.controller.leader import LEASE_NAME  # noqa: E402
-from elastra.controller.placeholders import requester  # noqa: E402
+from elastra.controller.decide.placeholders import requester  # noqa: E402
+from elastra.controller.engine.leader import LEASE_NAME  # noqa: E402
 from elastra.kube import resources  # noqa: E402
 from elastra.kube.client import JsonDict, Kube  # noqa: E402
 from elastra.kube.config import load_connection  # noqa: E402

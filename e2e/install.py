@@ -20,7 +20,7 @@ import yaml
 from e2e.kube import Kube, KubeError, wait_for
 from e2e.target import Volume
 
-from elastra.controller.manifests import WORKER_UID
+from elastra.controller.decide.manifests import WORKER_UID
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "elastra"

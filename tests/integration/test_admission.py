@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from elastra.api import parse_trainingjob
-from elastra.controller.manifests import worker_pod
+from elastra.controller.decide.manifests import worker_pod
 from elastra.controller.settings import OperatorSettings
 from tests.cases.specs import (
     FULL_TEMPLATE,

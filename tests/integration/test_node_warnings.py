@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from e2e.cluster.api import wait_for
 
-from elastra.controller.capacity import node_inventory
-from elastra.controller.nodewarnings import warn
+from elastra.controller.decide.capacity import node_inventory
+from elastra.controller.engine.nodewarnings import warn
 from elastra.kube.client import Kube
 from elastra.kube.config import load_connection
 from elastra.planner.inventory import MIG_PARTITIONED, UNKNOWN_GPU_TYPE

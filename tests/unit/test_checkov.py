@@ -23,7 +23,7 @@ import yaml
 from e2e.cluster.controlplane import toolchain_bindir
 
 from elastra.api import parse_trainingjob
-from elastra.controller.manifests import headless_service, network_policy, worker_pod
+from elastra.controller.decide.manifests import headless_service, network_policy, worker_pod
 from elastra.controller.settings import OperatorSettings
 from tests.unit.test_helm_chart import render
 

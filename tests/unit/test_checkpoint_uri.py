@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from elastra.api import parse_trainingjob
-from elastra.controller.manifests import RankSpec, assignment_json
+from elastra.controller.decide.manifests import RankSpec, assignment_json
 from elastra.controller.settings import OperatorSettings
 from elastra_worker.assignment import Plan, parse_assignment
 

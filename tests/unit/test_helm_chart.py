@@ -23,8 +23,8 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from elastra.api import parse_trainingjob
 from elastra.api.podtemplate import WORKER_CONTAINER
-from elastra.controller import metrics as operator_metrics
-from elastra.controller.manifests import LABEL_JOB, worker_pod
+from elastra.controller.decide.manifests import LABEL_JOB, worker_pod
+from elastra.controller.engine import metrics as operator_metrics
 from elastra.controller.settings import OperatorSettings
 from elastra.elastic.share import Scope
 from elastra.kube import client as kube_client

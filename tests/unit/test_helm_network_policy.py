@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from e2e.cluster.controlplane import toolchain_bindir
 
-from elastra.controller.manifests import LABEL_JOB
+from elastra.controller.decide.manifests import LABEL_JOB
 from elastra.controller.settings import OperatorSettings
 from tests.unit.test_helm_chart import (
     NAMESPACE,

@@ -43,7 +43,7 @@ WITHOUT_TORCH = [
     "elastra_worker.cli",  # the worker image's entrypoint runs the agent
     "elastra.cli",  # the operator image's entrypoint (elastra run)
     "elastra.commands.run",
-    "elastra.controller.operator",
+    "elastra.controller.engine.operator",
 ]
 
 

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from e2e.images import build
 
-from elastra.controller.manifests import WORKER_UID
+from elastra.controller.decide.manifests import WORKER_UID
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER_DOCKERFILE = REPO / "worker_image" / "Dockerfile"

@@ -4,7 +4,7 @@ A worker pod is Elastra's: it pins the pod to the planned node, holds it behind 
 gate, shows it its assignment and sets its security context. Users still need volumes,
 Secret-backed environment variables, sidecars, tolerations and the like, so the template is
 a PodTemplateSpec *subset* with an allow-list, merged into the pod Elastra builds
-(``controller/manifests.py``).
+(``controller/decide/manifests.py``).
 
 The allow-list is modelled field by field so the CRD can say what is allowed and the CEL rules
 can say why something is not. ``x-kubernetes-preserve-unknown-fields`` is used only for inner

@@ -27,7 +27,7 @@ import yaml
 
 from elastra.api import load_trainingjob
 from elastra.commands.run import parse_toleration
-from elastra.controller.manifests import worker_constraints
+from elastra.controller.decide.manifests import worker_constraints
 from elastra.controller.settings import OperatorSettings
 from elastra.errors import UserError
 from elastra.planner import Inventory, Plan, PlanResult, parse_inventory, plan_job, result_to_dict

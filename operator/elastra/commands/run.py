@@ -273,8 +273,8 @@ async def _check_reachable(connection: Connection) -> None:
 def run(args: argparse.Namespace) -> int:
     """Start the operator; returns when interrupted."""
     # Kopf is imported only here: every other command starts without paying for it.
-    from elastra.controller.operator import RunOptions  # noqa: PLC0415
-    from elastra.controller.operator import run as run_operator  # noqa: PLC0415
+    from elastra.controller.engine.operator import RunOptions  # noqa: PLC0415
+    from elastra.controller.engine.operator import run as run_operator  # noqa: PLC0415
 
     settings = OperatorSettings(
         namespace=args.namespace,

@@ -9,7 +9,7 @@ Helm chart grants exactly these verbs.
 
 from __future__ import annotations
 
-from elastra.controller.admission import (
+from elastra.controller.decide.admission import (
     WORKLOAD_GROUP,
     WORKLOAD_VERSION,
     priority_class_of,

@@ -3,7 +3,7 @@
 Why: the inventory lists every Ready node with what kube-scheduler reads of it; whether a
 job's pods may go there is the scheduler's question, asked with that job's pod constraints
 (the tolerations, node selector, required node affinity and requests of the very pod spec
-the operator creates, see ``elastra.controller.manifests.worker_constraints``):
+the operator creates, see ``elastra.controller.decide.manifests.worker_constraints``):
 
 - A node the placement filters refuse (``scheduling.refusal``: cordon, taint, nodeSelector,
   node affinity) is not the job's capacity: it is excluded, with the reason, so a plan and

@@ -1,7 +1,7 @@
 """Elastra on an autoscaled GPU pool that starts empty, with Karpenter as the autoscaler.
 
 Why: workers are created gated and pinned to nodes that exist, which no autoscaler acts on.
-A job short of nodes asks with capacity-request pods (``controller/placeholders.py``); these
+A job short of nodes asks with capacity-request pods (``controller/decide/placeholders.py``); these
 tests check, against Karpenter itself and the real ``elastra run``, that the requests bring
 nodes, that the job forms and grows on them, that nothing is left pending when it shrinks or
 goes (and Karpenter removes the nodes), that a pool of two GPU types gives a mixed plan, and
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from e2e.cluster.api import wait_for
 
-from elastra.controller.placeholders import LABEL_CAPACITY_REQUEST
+from elastra.controller.decide.placeholders import LABEL_CAPACITY_REQUEST
 from tests.integration.autoscale.conftest import Karpenter, NodePools, Pool
 from tests.integration.conftest import Cluster
 from tests.integration.operator.conftest import Jobs, OperatorProcess

@@ -15,7 +15,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from elastra.controller.leader import LEASE_NAME, LeaderElector
+from elastra.controller.engine.leader import LEASE_NAME, LeaderElector
 from elastra.kube.client import Kube
 from elastra.kube.config import load_connection
 from tests.integration.conftest import Cluster

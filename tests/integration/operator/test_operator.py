@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from elastra.api import parse_trainingjob
-from elastra.controller.planning import cluster_inventory, requirements
+from elastra.controller.decide.planning import cluster_inventory, requirements
 from elastra.planner import plan_job
 from elastra_worker.launcher import free_ports
 from tests.integration.conftest import Cluster

@@ -14,7 +14,7 @@ OTHER_WORDS: dict[str, set[str]] = {
     # Condition types and phases that are also reasons' words ("Suspended" is all three).
     "api/status.py": {c.value for c in ConditionType} | {p.value for p in Phase},
     # PodScheduled's reason, as kube-scheduler writes it: Kubernetes' word, read, not written.
-    "controller/observe.py": {"Unschedulable"},
+    "controller/decide/observe.py": {"Unschedulable"},
 }
 
 
@@ -55,11 +55,11 @@ def test_no_module_spells_a_reason_of_its_own() -> None:
 
 def test_the_check_finds_a_reason_spelled_out() -> None:
     source = '"""Doc: WorldFormed."""\nREASON = "WorldFormed"\nSEEN = "Unschedulable"\n'
-    assert spelled_out(source, "controller/verdicts.py") == [
+    assert spelled_out(source, "controller/decide/verdicts.py") == [
         (2, "WorldFormed"),
         (3, "Unschedulable"),
     ]
-    assert spelled_out(source, "controller/observe.py") == [(2, "WorldFormed")]
+    assert spelled_out(source, "controller/decide/observe.py") == [(2, "WorldFormed")]
 
 
 def test_reasons_are_one_camel_case_word_each_spelled_once() -> None:

@@ -1,7 +1,7 @@
 """A tiny in-memory stand-in for what the API server would return, for pure pass tests.
 
 Not a mock of the API server: nothing here answers requests. It holds node and pod dicts and
-applies a ``PassPlan`` the way ``elastra.controller.reconcile`` would, so a test can run
+applies a ``PassPlan`` the way ``elastra.controller.engine.reconcile`` would, so a test can run
 passes back to back and read the cluster state like a transcript. The real API server is
 exercised by tests/integration.
 """
@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from elastra.api import TrainingJob, parse_trainingjob
-from elastra.controller.passplan import Observation, PassPlan, plan_pass
+from elastra.controller.decide.passplan import Observation, PassPlan, plan_pass
 from elastra.controller.settings import OperatorSettings
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

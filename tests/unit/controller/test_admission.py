@@ -12,11 +12,12 @@ from typing import Any, cast
 from unittest import mock
 
 from elastra.api import parse_trainingjob
-from elastra.controller import admission, handlers
-from elastra.controller.admission import GateState
-from elastra.controller.handlers import JobLoop, Runtime
-from elastra.controller.manifests import LABEL_JOB
-from elastra.controller.passplan import Observation, PassPlan, plan_pass
+from elastra.controller.decide import admission
+from elastra.controller.decide.admission import GateState
+from elastra.controller.decide.manifests import LABEL_JOB
+from elastra.controller.decide.passplan import Observation, PassPlan, plan_pass
+from elastra.controller.engine import handlers
+from elastra.controller.engine.handlers import JobLoop, Runtime
 from elastra.controller.settings import OperatorSettings
 from elastra.elastic.resize import ResizePolicy
 from tests.unit.controller import fakecluster

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from elastra.api import parse_trainingjob
-from elastra.controller.planning import requirements
+from elastra.controller.decide.planning import requirements
 from elastra.planner import plan_job
 from elastra_worker.assignment import parse_assignment
 from tests.unit.controller.fakecluster import FakeCluster, gpt_job, node

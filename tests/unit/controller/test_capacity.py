@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from elastra.controller.capacity import cluster_inventory
+from elastra.controller.decide.capacity import cluster_inventory
 from elastra.planner.scheduling import PodConstraints
 from tests.unit.controller.fakecluster import node
 

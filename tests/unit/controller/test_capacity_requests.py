@@ -9,7 +9,7 @@ import pytest
 
 from elastra.api import CapacityRequestState, CapacityRequestStatus
 from elastra.api.reasons import Reason
-from elastra.controller.capacity_requests import (
+from elastra.controller.decide.capacity_requests import (
     HOLD_RECHECK,
     Placeholder,
     Want,
@@ -17,7 +17,7 @@ from elastra.controller.capacity_requests import (
     decide,
     read_placeholders,
 )
-from elastra.controller.manifests import ANNOTATION_NODE, LABEL_JOB
+from elastra.controller.decide.manifests import ANNOTATION_NODE, LABEL_JOB
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 TIMEOUT = timedelta(seconds=600)

@@ -13,16 +13,16 @@ import pytest
 
 from elastra.api import TrainingJobStatus, parse_trainingjob
 from elastra.api.reasons import Reason
-from elastra.controller.children import Children, children
-from elastra.controller.manifests import (
+from elastra.controller.decide.children import Children, children
+from elastra.controller.decide.manifests import (
     ANNOTATION_ASSIGNMENT,
     ANNOTATION_RETIRED,
     GANG_GATE,
     LABEL_LEADER,
     LABEL_WORLD,
 )
-from elastra.controller.observe import PodFacts, format_time
-from elastra.controller.planning import NewPod, Placement
+from elastra.controller.decide.observe import PodFacts, format_time
+from elastra.controller.decide.planning import NewPod, Placement
 from elastra.elastic.resize import ResizeDecision
 from elastra.elastic.workers import NodeName, PodName, WorkerState, WorkerView
 from tests.unit.controller.fakecluster import T0, gpt_job

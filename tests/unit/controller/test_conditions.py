@@ -7,14 +7,14 @@ from datetime import timedelta
 import pytest
 
 from elastra.api import Condition, ConditionType, Phase, Reason, TrainingJobStatus
-from elastra.controller.conditions import (
+from elastra.controller.decide.conditions import (
     Verdict,
     invalid_spec_status,
     is_true,
     merge_conditions,
     phase_of,
 )
-from elastra.controller.observe import format_time
+from elastra.controller.decide.observe import format_time
 from tests.unit.controller.fakecluster import T0
 
 C = ConditionType

@@ -13,8 +13,8 @@ from typing import Any, cast
 
 import pytest
 
-from elastra.controller import handlers
-from elastra.controller.handlers import JobLoop, Runtime, error_backoff
+from elastra.controller.engine import handlers
+from elastra.controller.engine.handlers import JobLoop, Runtime, error_backoff
 from elastra.controller.settings import OperatorSettings
 from elastra.kube.client import ApiError
 from elastra.requeue import Requeue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from elastra.controller.leader import can_take
+from elastra.controller.engine.leader import can_take
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 

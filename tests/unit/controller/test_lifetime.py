@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from elastra.api import TrainingJob, TrainingJobStatus
-from elastra.controller.lifetime import (
+from elastra.controller.decide.lifetime import (
     Deadline,
     Expiry,
     completion_time,
@@ -15,7 +15,7 @@ from elastra.controller.lifetime import (
     expiry,
     start_time,
 )
-from elastra.controller.observe import format_time
+from elastra.controller.decide.observe import format_time
 from tests.unit.controller.fakecluster import T0
 from tests.unit.controller.test_passplan import job as job_body
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from elastra.api import parse_trainingjob
-from elastra.controller.manifests import (
+from elastra.controller.decide.manifests import (
     ANNOTATION_ASSIGNMENT,
     GANG_GATE,
     LABEL_JOB,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from elastra.controller.memo import LastOf, LastOfAll, PerKeyOf, PerObject
+from elastra.controller.decide.memo import LastOf, LastOfAll, PerKeyOf, PerObject
 
 
 def test_last_of_computes_again_only_for_a_new_tuple() -> None:

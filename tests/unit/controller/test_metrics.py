@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import REGISTRY
 
 from elastra.api import Phase, TrainingJobStatus
-from elastra.controller import metrics
+from elastra.controller.engine import metrics
 
 
 def jobs_in(phase: Phase) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastra.controller.nodewarnings import to_warn
+from elastra.controller.engine.nodewarnings import to_warn
 from elastra.planner.inventory import (
     GPUS_NOT_ADVERTISED,
     MIG_PARTITIONED,

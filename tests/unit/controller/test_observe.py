@@ -9,8 +9,13 @@ from typing import Any
 
 import pytest
 
-from elastra.controller.observe import MAX_EXIT_MESSAGE, exit_message, node_fingerprint, slim_node
-from elastra.controller.planning import cluster_inventory
+from elastra.controller.decide.observe import (
+    MAX_EXIT_MESSAGE,
+    exit_message,
+    node_fingerprint,
+    slim_node,
+)
+from elastra.controller.decide.planning import cluster_inventory
 from elastra.planner import inventory
 from tests.unit.controller.fakecluster import node
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from elastra.api import Condition, ConditionStatus, ConditionType, TrainingJobStatus
-from elastra.controller.pacing import STATUS_PACE, progress_only, status_wait
+from elastra.controller.decide.pacing import STATUS_PACE, progress_only, status_wait
 from tests.unit.controller.fakecluster import T0
 
 FORMING = "world forming: 3 of 8 workers running"

@@ -13,8 +13,8 @@ import yaml
 
 from elastra.api import TrainingJobStatus, parse_trainingjob
 from elastra.commands.status import render
-from elastra.controller.manifests import ANNOTATION_ASSIGNMENT, GANG_GATE, LABEL_LEADER
-from elastra.controller.passplan import Observation, plan_pass
+from elastra.controller.decide.manifests import ANNOTATION_ASSIGNMENT, GANG_GATE, LABEL_LEADER
+from elastra.controller.decide.passplan import Observation, plan_pass
 from elastra.controller.settings import OperatorSettings
 from elastra.elastic.resize import ResizePolicy
 from elastra.errors import UserError

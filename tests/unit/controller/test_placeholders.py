@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from elastra.api import parse_trainingjob
-from elastra.controller.manifests import LABEL_JOB, worker_constraints, worker_pod
-from elastra.controller.placeholders import (
+from elastra.controller.decide.manifests import LABEL_JOB, worker_constraints, worker_pod
+from elastra.controller.decide.placeholders import (
     KARPENTER_DO_NOT_DISRUPT,
     LABEL_CAPACITY_REQUEST,
     capacity_request_pod,

@@ -23,11 +23,11 @@ import yaml
 
 from elastra.api import PlanStatus, parse_trainingjob
 from elastra.cli import main
-from elastra.controller import planning
-from elastra.controller.capacity import cluster_inventory
-from elastra.controller.manifests import ANNOTATION_ASSIGNMENT, RankSpec, assignment_json
-from elastra.controller.observe import PodFacts
-from elastra.controller.planning import (
+from elastra.controller.decide import planning
+from elastra.controller.decide.capacity import cluster_inventory
+from elastra.controller.decide.manifests import ANNOTATION_ASSIGNMENT, RankSpec, assignment_json
+from elastra.controller.decide.observe import PodFacts
+from elastra.controller.decide.planning import (
     JobPlanner,
     Placement,
     assignment_plan,

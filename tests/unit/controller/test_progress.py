@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from elastra.controller.observe import WorkerProgress, parse_metrics, rank0_address
-from elastra.controller.passplan import Observation, plan_pass
-from elastra.controller.progress import MAX_METRICS_BYTES, fetch_metrics
+from elastra.controller.decide.observe import WorkerProgress, parse_metrics, rank0_address
+from elastra.controller.decide.passplan import Observation, plan_pass
+from elastra.controller.engine.progress import MAX_METRICS_BYTES, fetch_metrics
 from tests.unit.controller.fakecluster import FakeCluster, node
 from tests.unit.controller.test_passplan import SETTINGS, h100s, job
 

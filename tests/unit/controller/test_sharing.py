@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from elastra.api import TrainingJob
-from elastra.controller import sharing
-from elastra.controller.observe import PodFacts
+from elastra.controller.decide import sharing
+from elastra.controller.decide.observe import PodFacts
 from elastra.elastic.share import Priorities, Scope
 from elastra.elastic.workers import PodName, WorkerState, WorkerView
 from tests.unit.controller.test_passplan import job

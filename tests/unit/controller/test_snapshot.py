@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from elastra.controller import snapshot as snapshot_module
-from elastra.controller.observe import _node_health, slim_node, slim_pod
-from elastra.controller.planning import cluster_inventory
-from elastra.controller.sharing import _live_pods
-from elastra.controller.snapshot import Cluster, ClusterSnapshot, job_of, keep_pod
+from elastra.controller.decide.observe import _node_health, slim_node, slim_pod
+from elastra.controller.decide.planning import cluster_inventory
+from elastra.controller.decide.sharing import _live_pods
+from elastra.controller.engine import snapshot as snapshot_module
+from elastra.controller.engine.snapshot import Cluster, ClusterSnapshot, job_of, keep_pod
 from elastra.kube.informer import Informer
 from tests.unit.controller.fakecluster import T0, node
 

@@ -1,4 +1,4 @@
-"""controller/status_changes.py: the debug log names the fields each status write changes."""
+"""controller/decide/status_changes.py: the debug log names the fields each status write changes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from elastra.controller.status_changes import changed_fields
+from elastra.controller.decide.status_changes import changed_fields
 
 
 def cond(kind: str, status: str = "True", reason: str = "R", message: str = "") -> dict[str, Any]:

@@ -15,11 +15,11 @@ import pytest
 
 from elastra.api import Condition, ConditionType
 from elastra.api.reasons import Reason
-from elastra.controller.admission import Hold
-from elastra.controller.conditions import Verdict
-from elastra.controller.observe import PodFacts
-from elastra.controller.planning import Placement
-from elastra.controller.verdicts import (
+from elastra.controller.decide.admission import Hold
+from elastra.controller.decide.conditions import Verdict
+from elastra.controller.decide.observe import PodFacts
+from elastra.controller.decide.planning import Placement
+from elastra.controller.decide.verdicts import (
     RUNNING_CONDITIONS,
     Findings,
     admitted,

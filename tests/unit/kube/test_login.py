@@ -9,7 +9,7 @@ from typing import Any
 
 import kopf
 
-from elastra.controller.operator import _register_login
+from elastra.controller.engine.operator import _register_login
 from elastra.kube.config import Connection
 from elastra.kube.credentials import REFRESH_MARGIN, Identity
 

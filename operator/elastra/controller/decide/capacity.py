@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from elastra.controller.manifests import ANNOTATION_NODE, LABEL_JOB
-from elastra.controller.memo import LastOf, LastOfAll, PerKeyOf, PerObject
-from elastra.controller.placeholders import requester
+from elastra.controller.decide.manifests import ANNOTATION_NODE, LABEL_JOB
+from elastra.controller.decide.memo import LastOf, LastOfAll, PerKeyOf, PerObject
+from elastra.controller.decide.placeholders import requester
 from elastra.errors import UserError
 from elastra.planner import Inventory, parse_inventory
 from elastra.planner.eligibility import fitted, refused

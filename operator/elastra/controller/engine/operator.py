@@ -31,14 +31,14 @@ from typing import Any
 import kopf
 from prometheus_client import start_http_server
 
-from elastra.controller import metrics
-from elastra.controller.handlers import Runtime, register
-from elastra.controller.leader import LeaderElector, identity
-from elastra.controller.nodewarnings import NodeWarnings
-from elastra.controller.placeholders import priority_class
-from elastra.controller.progress import ProgressReader
+from elastra.controller.decide.placeholders import priority_class
+from elastra.controller.engine import metrics
+from elastra.controller.engine.handlers import Runtime, register
+from elastra.controller.engine.leader import LeaderElector, identity
+from elastra.controller.engine.nodewarnings import NodeWarnings
+from elastra.controller.engine.progress import ProgressReader
+from elastra.controller.engine.snapshot import ClusterSnapshot
 from elastra.controller.settings import OperatorSettings
-from elastra.controller.snapshot import ClusterSnapshot
 from elastra.elastic.share import Scope
 from elastra.kube import resources
 from elastra.kube.client import ApiError, Kube

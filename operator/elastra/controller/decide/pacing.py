@@ -23,7 +23,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from elastra.api import ConditionType, TrainingJobStatus
-from elastra.controller.conditions import is_true
+from elastra.controller.decide.conditions import is_true
 
 STATUS_PACE = timedelta(seconds=5)
 """The least time between two writes of a job's status that differ only in counts. Short

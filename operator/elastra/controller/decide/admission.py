@@ -32,7 +32,7 @@ from typing import Any
 from elastra.api import TrainingJob
 from elastra.api.podtemplate import WORKER_CONTAINER
 from elastra.api.reasons import Reason
-from elastra.controller.manifests import LABEL_JOB, owner_reference
+from elastra.controller.decide.manifests import LABEL_JOB, owner_reference
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 WORKLOAD_GROUP = "kueue.x-k8s.io"

@@ -52,10 +52,10 @@ from typing import Any
 
 from elastra.api import CapacityRequestState, CapacityRequestStatus
 from elastra.api.reasons import Reason
-from elastra.controller.manifests import ANNOTATION_NODE, LABEL_JOB
-from elastra.controller.memo import LastOf
-from elastra.controller.observe import format_time, parse_time
-from elastra.controller.placeholders import index_of
+from elastra.controller.decide.manifests import ANNOTATION_NODE, LABEL_JOB
+from elastra.controller.decide.memo import LastOf
+from elastra.controller.decide.observe import format_time, parse_time
+from elastra.controller.decide.placeholders import index_of
 
 HOLD_RECHECK = timedelta(seconds=2)
 """How soon a job that held back a request because another job's worker waited looks again."""

@@ -15,10 +15,10 @@ from typing import Any
 
 from elastra.api import TrainingJob
 from elastra.api.reasons import Reason
-from elastra.controller.manifests import LABEL_JOB
-from elastra.controller.memo import LastOf, PerObject
-from elastra.controller.observe import PodFacts
-from elastra.controller.placeholders import requester
+from elastra.controller.decide.manifests import LABEL_JOB
+from elastra.controller.decide.memo import LastOf, PerObject
+from elastra.controller.decide.observe import PodFacts
+from elastra.controller.decide.placeholders import requester
 from elastra.elastic.share import NO_CLASSES, Claim, Priorities, Scope, shared_desired
 from elastra.planner.catalog import lookup, matches
 

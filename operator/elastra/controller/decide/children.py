@@ -19,7 +19,7 @@ from functools import cached_property
 from typing import Any
 
 from elastra.api import TrainingJob, TrainingJobStatus
-from elastra.controller.manifests import (
+from elastra.controller.decide.manifests import (
     ANNOTATION_ASSIGNMENT,
     ANNOTATION_RETIRED,
     LABEL_LEADER,
@@ -31,8 +31,8 @@ from elastra.controller.manifests import (
     slot_of,
     worker_pod,
 )
-from elastra.controller.observe import PodFacts, format_time
-from elastra.controller.planning import NewPod, Placement, assignment_plan
+from elastra.controller.decide.observe import PodFacts, format_time
+from elastra.controller.decide.planning import NewPod, Placement, assignment_plan
 from elastra.controller.settings import OperatorSettings
 from elastra.elastic.resize import ResizeDecision
 from elastra.elastic.workers import WorkerState

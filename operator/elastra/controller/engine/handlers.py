@@ -35,14 +35,14 @@ from typing import Any
 import aiohttp
 import kopf
 
-from elastra.controller import metrics
-from elastra.controller.admission import WORKLOAD_GROUP
-from elastra.controller.leader import LeaderElector
-from elastra.controller.manifests import LABEL_JOB
-from elastra.controller.progress import ProgressReader
-from elastra.controller.reconcile import reconcile, utc_now
+from elastra.controller.decide.admission import WORKLOAD_GROUP
+from elastra.controller.decide.manifests import LABEL_JOB
+from elastra.controller.engine import metrics
+from elastra.controller.engine.leader import LeaderElector
+from elastra.controller.engine.progress import ProgressReader
+from elastra.controller.engine.reconcile import reconcile, utc_now
+from elastra.controller.engine.snapshot import ClusterSnapshot, job_of
 from elastra.controller.settings import OperatorSettings
-from elastra.controller.snapshot import ClusterSnapshot, job_of
 from elastra.kube.client import ApiError, JsonDict, Kube
 from elastra.kube.informer import key_of
 from elastra.requeue import Requeue

@@ -26,10 +26,10 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from elastra.controller.capacity import node_inventory
-from elastra.controller.leader import LeaderElector
-from elastra.controller.passplan import EventType
-from elastra.controller.snapshot import ClusterSnapshot
+from elastra.controller.decide.capacity import node_inventory
+from elastra.controller.decide.passplan import EventType
+from elastra.controller.engine.leader import LeaderElector
+from elastra.controller.engine.snapshot import ClusterSnapshot
 from elastra.kube import events
 from elastra.kube.client import ApiError, JsonDict, Kube
 from elastra.kube.informer import key_of

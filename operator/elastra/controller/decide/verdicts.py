@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from elastra.api import Condition, ConditionType
 from elastra.api.reasons import Reason
-from elastra.controller.admission import Hold
-from elastra.controller.conditions import Verdict
-from elastra.controller.observe import PodFacts
-from elastra.controller.planning import Placement
+from elastra.controller.decide.admission import Hold
+from elastra.controller.decide.conditions import Verdict
+from elastra.controller.decide.observe import PodFacts
+from elastra.controller.decide.planning import Placement
 from elastra.elastic.resize import ResizeDecision
 from elastra.elastic.workers import WorkerState
 

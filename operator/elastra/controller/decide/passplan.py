@@ -47,19 +47,19 @@ from elastra.api import (
     WorldStatus,
 )
 from elastra.api.reasons import Reason
-from elastra.controller import admission, capacity_requests, lifetime, sharing
-from elastra.controller.admission import Gate, Hold
-from elastra.controller.capacity import cluster_inventory
-from elastra.controller.capacity_requests import Requests, Want, read_placeholders
-from elastra.controller.children import children, planned_pods
-from elastra.controller.conditions import (
+from elastra.controller.decide import admission, capacity_requests, lifetime, sharing
+from elastra.controller.decide.admission import Gate, Hold
+from elastra.controller.decide.capacity import cluster_inventory
+from elastra.controller.decide.capacity_requests import Requests, Want, read_placeholders
+from elastra.controller.decide.children import children, planned_pods
+from elastra.controller.decide.conditions import (
     condition,
     is_true,
     merge_conditions,
     phase_of,
 )
-from elastra.controller.manifests import selector, worker_constraints, worker_pod
-from elastra.controller.observe import (
+from elastra.controller.decide.manifests import selector, worker_constraints, worker_pod
+from elastra.controller.decide.observe import (
     PodFacts,
     WorkerProgress,
     format_time,
@@ -68,17 +68,17 @@ from elastra.controller.observe import (
     parse_time,
     pod_facts,
 )
-from elastra.controller.pacing import status_wait
-from elastra.controller.placeholders import capacity_request_pod
-from elastra.controller.planning import (
+from elastra.controller.decide.pacing import status_wait
+from elastra.controller.decide.placeholders import capacity_request_pod
+from elastra.controller.decide.planning import (
     JobPlanner,
     NewPod,
     Placement,
     WorldPlan,
     type_mismatch,
 )
+from elastra.controller.decide.verdicts import Findings, failure, running_verdicts
 from elastra.controller.settings import OperatorSettings
-from elastra.controller.verdicts import Findings, failure, running_verdicts
 from elastra.elastic.resize import (
     GrowthEstimate,
     Move,

@@ -23,7 +23,7 @@ from elastra.api import (
     TrainingJobStatus,
 )
 from elastra.api.reasons import Reason
-from elastra.controller.observe import format_time
+from elastra.controller.decide.observe import format_time
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from elastra.api import TrainingJob
-from elastra.controller.observe import WorkerProgress, parse_metrics, rank0_address
+from elastra.controller.decide.observe import WorkerProgress, parse_metrics, rank0_address
 from elastra.controller.settings import OperatorSettings
 
 JsonDict = Mapping[str, Any]

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from elastra.api import PlanStatus, TrainingJob
-from elastra.controller.capacity import cluster_inventory
-from elastra.controller.observe import PodFacts
+from elastra.controller.decide.capacity import cluster_inventory
+from elastra.controller.decide.observe import PodFacts
 from elastra.errors import UserError
 from elastra.planner import Inventory, JobRequirements, Plan, plan_job
 from elastra.planner.catalog import matches

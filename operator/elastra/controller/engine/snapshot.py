@@ -29,11 +29,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from elastra.controller.manifests import LABEL_JOB
-from elastra.controller.memo import PerObject
-from elastra.controller.observe import slim_node, slim_pod
-from elastra.controller.placeholders import requester
-from elastra.controller.sharing import priorities
+from elastra.controller.decide.manifests import LABEL_JOB
+from elastra.controller.decide.memo import PerObject
+from elastra.controller.decide.observe import slim_node, slim_pod
+from elastra.controller.decide.placeholders import requester
+from elastra.controller.decide.sharing import priorities
 from elastra.elastic.share import NO_CLASSES, Priorities
 from elastra.kube import resources
 from elastra.kube.client import JsonDict, Kube

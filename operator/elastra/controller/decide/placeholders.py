@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from elastra.api import TrainingJob
-from elastra.controller.manifests import owner_reference, worker_pod
+from elastra.controller.decide.manifests import owner_reference, worker_pod
 from elastra.controller.settings import OperatorSettings
 from elastra.planner import providers
 from elastra.planner.catalog import AMD_GPU, NVIDIA_GPU, GpuType, GpuTypeName, selected

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from elastra.controller import metrics
+from elastra.controller.engine import metrics
 from elastra.kube import resources
 from elastra.kube.client import ApiError, ConflictError, JsonDict, Kube
 

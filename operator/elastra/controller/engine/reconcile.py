@@ -31,15 +31,16 @@ from elastra.api import (
     parse_trainingjob,
 )
 from elastra.api.reasons import Reason
-from elastra.controller import admission, metrics
-from elastra.controller.conditions import invalid_spec_status
-from elastra.controller.manifests import headless_service, is_gated, network_policy
-from elastra.controller.observe import WorkerProgress
-from elastra.controller.passplan import EventType, Observation, PassPlan, plan_pass
-from elastra.controller.progress import ProgressReader
+from elastra.controller.decide import admission
+from elastra.controller.decide.conditions import invalid_spec_status
+from elastra.controller.decide.manifests import headless_service, is_gated, network_policy
+from elastra.controller.decide.observe import WorkerProgress
+from elastra.controller.decide.passplan import EventType, Observation, PassPlan, plan_pass
+from elastra.controller.decide.status_changes import changed_fields
+from elastra.controller.engine import metrics
+from elastra.controller.engine.progress import ProgressReader
+from elastra.controller.engine.snapshot import ClusterSnapshot
 from elastra.controller.settings import OperatorSettings
-from elastra.controller.snapshot import ClusterSnapshot
-from elastra.controller.status_changes import changed_fields
 from elastra.errors import UserError
 from elastra.kube import events, resources, workloads
 from elastra.kube.client import ApiError, ConflictError, JsonDict, Kube, gather_limited

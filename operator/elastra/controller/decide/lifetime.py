@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from elastra.api import TrainingJob, TrainingJobStatus
-from elastra.controller.observe import format_time, parse_time
+from elastra.controller.decide.observe import format_time, parse_time
 
 
 @dataclass(frozen=True)

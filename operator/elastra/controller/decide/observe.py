@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from elastra.api import TrainingJob
-from elastra.controller.manifests import (
+from elastra.controller.decide.manifests import (
     ANNOTATION_ASSIGNMENT,
     ANNOTATION_GPU_TYPE,
     ANNOTATION_NODE,
@@ -25,7 +25,7 @@ from elastra.controller.manifests import (
     LABEL_SLOT,
     is_gated,
 )
-from elastra.controller.memo import LastOf
+from elastra.controller.decide.memo import LastOf
 from elastra.elastic.workers import NodeHealth, NodeName, PodName, WorkerView, classify
 
 JsonDict = dict[str, Any]
