@@ -467,7 +467,7 @@ class Session:
             raise RuntimeError("session not started: use `with Session.from_env() as sess:`")
         return self._mesh
 
-    def prepare(self, model: nn.Module) -> nn.Module:
+    def prepare(self, model: nn.Module, *, blocks: str | None = None) -> nn.Module:
         """Wrap ``model`` for this consistency mode and plan.
 
         ``none``/``data``: a bare module is wrapped in DDP; DDP or FSDP modules are kept.
@@ -476,7 +476,13 @@ class Session:
         order depends on the world size). A plan with tensor or pipeline parallelism needs to
         know how to split the model: build it with ``elastra_worker.parallel_model`` (the
         reference model, or your own through a ``ModelRecipe``), which calls ``adopt``.
+        ``blocks`` names the module holding the model's blocks (FSDP's units) where
+        ``parallel.blocks.find_blocks`` would not find them; a wrong path fails under any plan.
         """
+        if blocks is not None:
+            from .parallel.blocks import find_blocks  # noqa: PLC0415 - as apply_fsdp below
+
+            find_blocks(model, blocks)
         if self.plan.tp > 1 or self.plan.pp > 1:
             raise PermanentError(
                 f"plan {self.plan.label}: prepare() takes a whole module; tensor and pipeline "
@@ -489,8 +495,11 @@ class Session:
             from .parallel.fsdp import apply_fsdp  # noqa: PLC0415 - only sharded plans need it
 
             try:
-                apply_fsdp(model, self.mesh.sub("dp"), self.plan.sharding, precision=self.precision)
-            except TypeError as err:  # the model is not laid out as the sharding needs
+                apply_fsdp(
+                    model, self.mesh.sub("dp"), self.plan.sharding,
+                    precision=self.precision, blocks=blocks,
+                )  # fmt: skip
+            except (TypeError, PermanentError) as err:  # not laid out as the sharding needs
                 raise PermanentError(
                     f"plan {self.plan.label} shards the model ({self.plan.sharding}), but "
                     f"prepare() cannot: {err}"

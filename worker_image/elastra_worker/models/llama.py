@@ -435,14 +435,3 @@ def make_batch(
     if token_file is not None:
         return token_file.batch(sample_ids)
     return _split([_generated_sample(int(i), cfg, seed) for i in sample_ids], cfg.sequence_length)
-
-
-def blocks(model: nn.Module) -> nn.ModuleDict:
-    """The ``layers`` ModuleDict of a model built like ``Transformer`` (what gets wrapped)."""
-    layers = getattr(model, "layers", None)
-    if not isinstance(layers, nn.ModuleDict):
-        raise TypeError(
-            f"{type(model).__name__}: expected its blocks in a `layers` nn.ModuleDict "
-            "(as the reference Transformer holds them)"
-        )
-    return layers

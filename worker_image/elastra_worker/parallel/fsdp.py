@@ -13,23 +13,34 @@ sharded parameters the optimizer steps stay fp32.
 
 from __future__ import annotations
 
+import logging
+
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 from elastra_worker.assignment import SHARDINGS, Precision, Sharding
-from elastra_worker.models.llama import blocks
+from elastra_worker.parallel.blocks import find_blocks
 from elastra_worker.precision import fsdp_policy
+
+log = logging.getLogger(__name__)
 
 
 def apply_fsdp(
-    model: nn.Module, dp_mesh: DeviceMesh, sharding: Sharding, *, precision: Precision = "fp32"
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    sharding: Sharding,
+    *,
+    precision: Precision = "fp32",
+    blocks: str | None = None,
 ) -> None:
     """Shard ``model`` (whole model or one pipeline stage) over the 1-D ``dp_mesh``, in place.
 
     Call after tensor parallelism (then ``dp_mesh`` is the data-parallel sub-mesh of the 2-D
-    mesh) and after ``apply_recompute``. ``model`` holds its blocks in a ``layers`` ModuleDict.
-    With "none" the caller does its own data parallelism.
+    mesh) and after ``apply_recompute``. The blocks are found by ``find_blocks`` (the
+    ``layers`` ModuleDict of the reference model, a known path such as Hugging Face Llama's
+    ``model.layers``, or the path ``blocks`` names). With "none" the caller does its own data
+    parallelism.
     """
     if sharding not in SHARDINGS:
         raise ValueError(f"sharding: expected one of {', '.join(SHARDINGS)}, got {sharding!r}")
@@ -37,6 +48,8 @@ def apply_fsdp(
         return
     reshard = sharding == "full"
     policy = fsdp_policy(precision)
-    for block in blocks(model).values():
+    found = find_blocks(model, blocks)
+    log.debug("sharding %d blocks at %s (%s)", len(found.named), found.path, found.found_by)
+    for block in found.modules():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)

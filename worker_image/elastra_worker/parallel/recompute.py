@@ -18,9 +18,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from elastra_worker.assignment import RECOMPUTES, Recompute
-from elastra_worker.models.llama import blocks
+from elastra_worker.errors import PermanentError
+from elastra_worker.parallel.blocks import find_blocks
 
 _MARK = "_elastra_recompute"
+SELECTIVE_PATH = "attention.core"
+"""What selective recomputation recomputes in each block."""
 
 
 def _checkpointed_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -37,11 +40,12 @@ def _checkpoint_forward(module: nn.Module) -> None:
     setattr(module, _MARK, True)
 
 
-def apply_recompute(model: nn.Module, mode: Recompute) -> None:
+def apply_recompute(model: nn.Module, mode: Recompute, *, blocks: str | None = None) -> None:
     """Apply recomputation ``mode`` ("none" | "selective" | "full") to every block, in place.
 
-    ``model`` holds its blocks in a ``layers`` ModuleDict (the reference ``Transformer`` or a
-    model built like it); "selective" needs an ``attention.core`` submodule in each block.
+    The blocks are found by ``find_blocks`` (the ``layers`` ModuleDict of the reference
+    ``Transformer``, a known path, or the path ``blocks`` names); "selective" needs an
+    ``attention.core`` submodule in each block, as the reference model has.
 
     Apply after tensor parallelism and before FSDP, so FSDP's per-block all-gather surrounds
     the recomputed forward.
@@ -50,8 +54,19 @@ def apply_recompute(model: nn.Module, mode: Recompute) -> None:
         raise ValueError(f"recompute: expected one of {', '.join(RECOMPUTES)}, got {mode!r}")
     if mode == "none":
         return
-    for block in blocks(model).values():
+    for name, block in find_blocks(model, blocks).named:
         if mode == "full":
             _checkpoint_forward(block)
         else:
-            _checkpoint_forward(block.get_submodule("attention.core"))
+            _checkpoint_forward(_attention_core(name, block))
+
+
+def _attention_core(name: str, block: nn.Module) -> nn.Module:
+    try:
+        return block.get_submodule(SELECTIVE_PATH)
+    except AttributeError:
+        raise PermanentError(
+            f"recompute selective: block {name} ({type(block).__name__}) has no "
+            f"`{SELECTIVE_PATH}` submodule (the attention core the reference model has) to "
+            "recompute; recompute full works on any block"
+        ) from None
