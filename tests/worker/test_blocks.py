@@ -8,8 +8,16 @@ import pytest
 import torch
 from torch import nn
 
+from elastra_worker.api import Session
+from elastra_worker.assignment import assignment_from_env
 from elastra_worker.errors import PermanentError
-from elastra_worker.parallel.blocks import KNOWN_PATHS, find_blocks
+from elastra_worker.parallel.blocks import (
+    BY_KNOWN_PATH,
+    BY_PATH_GIVEN,
+    BY_SEARCH,
+    KNOWN_PATHS,
+    find_blocks,
+)
 from elastra_worker.parallel.recompute import apply_recompute
 
 
@@ -51,7 +59,7 @@ def blocks(n: int) -> nn.ModuleList:
 def test_every_known_path_is_found(path: str) -> None:
     model = nest(path, blocks(3))
     found = find_blocks(model)
-    assert (found.path, found.found_by) == (path, "a known path")
+    assert (found.path, found.found_by) == (path, BY_KNOWN_PATH)
     assert [name for name, _ in found.named] == [f"{path}.{i}" for i in range(3)]
     assert found.modules() == list(model.get_submodule(path).children())
 
@@ -109,12 +117,13 @@ def test_blocks_are_found_by_path_else_by_search(
 ) -> None:
     found = find_blocks(build())
     assert (found.path, len(found.named)) == (path, count)
+    assert found.found_by == (BY_KNOWN_PATH if path in KNOWN_PATHS else BY_SEARCH)
 
 
 def test_the_path_given_wins_over_what_would_be_found() -> None:
     model = _two(("layers", blocks(2)), ("extra.list", blocks(3)))
     found = find_blocks(model, "extra.list")
-    assert (found.path, found.found_by, len(found.named)) == ("extra.list", "the path given", 3)
+    assert (found.path, found.found_by, len(found.named)) == ("extra.list", BY_PATH_GIVEN, 3)
 
 
 ERRORS = {
@@ -140,6 +149,15 @@ def test_no_blocks_is_a_permanent_error_that_says_what_to_do(
     with pytest.raises(PermanentError) as err:
         find_blocks(model, path)
     assert message in str(err.value)
+
+
+def test_prepare_checks_the_path_it_is_given_under_any_plan() -> None:
+    """A data-parallel plan needs no blocks; a typo in ``blocks=`` still fails at once."""
+    env = {"RANK": "0", "WORLD_SIZE": "1", "ELASTRA_GLOBAL_BATCH_SIZE": "4"}
+    sess = Session(assignment_from_env(env), device=torch.device("cpu"))
+    assert sess.plan.sharding == "none"
+    with pytest.raises(PermanentError, match=r"blocks='model\.layer': the model has no module"):
+        sess.prepare(nest("model.layers", blocks(2)), blocks="model.layer")
 
 
 def saved_bytes(model: nn.Module, path: str) -> int:

@@ -40,6 +40,11 @@ KNOWN_PATHS = (
 )
 """Where well-known models hold their blocks, tried in this order."""
 
+BY_PATH_GIVEN = "the path given"
+BY_KNOWN_PATH = "a known path"
+BY_SEARCH = "the search"
+"""How the blocks were found (``Blocks.found_by``)."""
+
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 _SEARCHED = (nn.ModuleList, nn.ModuleDict)
 
@@ -49,7 +54,7 @@ class Blocks:
     """The blocks of a model: the container's dotted ``path`` and each block by its name."""
 
     path: str
-    found_by: str  # "the path given" | "a known path" | "the search"
+    found_by: str  # BY_PATH_GIVEN | BY_KNOWN_PATH | BY_SEARCH
     named: tuple[tuple[str, nn.Module], ...]
 
     def modules(self) -> list[nn.Module]:
@@ -64,11 +69,11 @@ def find_blocks(model: nn.Module, path: str | None = None) -> Blocks:
     is found; the message says what was looked for and how to name the path.
     """
     if path is not None:
-        return Blocks(path, "the path given", _children(_at(model, path), path))
+        return Blocks(path, BY_PATH_GIVEN, _children(_at(model, path), path))
     for known in KNOWN_PATHS:
         container = _submodule(model, known)
         if isinstance(container, _CONTAINERS):
-            return Blocks(known, "a known path", _children(container, known))
+            return Blocks(known, BY_KNOWN_PATH, _children(container, known))
     found = _search(model)
     if found is None:
         raise PermanentError(_not_found(model))
@@ -127,7 +132,7 @@ def _search(model: nn.Module) -> Blocks | None:
             continue
         size = (sum(p.numel() for p in module.parameters()), len(list(module.children())))
         if best is None or size > best:
-            best, found = size, Blocks(name, "the search", _children(module, name))
+            best, found = size, Blocks(name, BY_SEARCH, _children(module, name))
     return found
 
 
