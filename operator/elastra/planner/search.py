@@ -182,7 +182,13 @@ def evaluate_layout(
     search = _Search(job, list(mix), constants, rejections)
     per_pod = job.devices_per_worker
     replicas = tuple(c * per_pod // layout.replica_gpus for c in counts)
-    bandwidth = dp_bandwidth(mix, counts, layout, devices_per_worker=per_pod, constants=constants)
+    bandwidth = dp_bandwidth(
+        mix,
+        counts,
+        replica_gpus=layout.replica_gpus,
+        devices_per_worker=per_pod,
+        constants=constants,
+    )
     fit = search.fit(job.model, mix, counts, replicas, (layout,), dp_gbs=bandwidth)
     if fit.scored is None:
         return _infeasible("layout does not fit", rejections, search.evaluated)
@@ -486,11 +492,7 @@ class _Search:
             return
         # The bandwidth depends on tp and pp only: the same for every layout of this loop.
         dp_gbs = dp_bandwidth(
-            mix,
-            counts,
-            Layout(tp, pp, 1, "none", "none", job.precision),
-            devices_per_worker=per_pod,
-            constants=self.constants,
+            mix, counts, replica_gpus=tp * pp, devices_per_worker=per_pod, constants=self.constants
         )
         shardings = _sharding_options(job.sharding, dp)
         too_big: set[tuple[Sharding, int]] = set()
@@ -724,19 +726,20 @@ class _Search:
 def dp_bandwidth(
     mix: tuple[TypePool, ...],
     counts: tuple[int, ...],
-    layout: Layout,
     *,
+    replica_gpus: int,
     devices_per_worker: int,
     constants: ModelConstants = DEFAULT_CONSTANTS,
 ) -> float:
     """Effective bandwidth per rank (GB/s) of the slowest link a data-parallel ring crosses.
 
     A world of one pod never leaves the node: the GPUs' own interconnect. Otherwise each ring
-    crosses pods over the network, and a pod's GPUs belong to ``min(gpus, tp·pp)`` different
-    data-parallel groups (one per position in a replica), each one ring through the pod: the
-    pod's share of its node's NIC (``gpus`` times a GPU's share, ``TypePool.network_gbs``) is
-    split that many ways, and never beats the GPUs' own interconnect. So tp=8 on 8-GPU pods
-    gives each ring one GPU's share of the NIC, and pure data parallelism the pod's whole share.
+    crosses pods over the network, and a pod's GPUs belong to ``min(gpus, replica_gpus)``
+    different data-parallel groups (one per position in a replica of ``replica_gpus`` = tp·pp
+    GPUs), each one ring through the pod: the pod's share of its node's NIC (``gpus`` times a
+    GPU's share, ``TypePool.network_gbs``) is split that many ways, and never beats the GPUs'
+    own interconnect. So tp=8 on 8-GPU pods gives each ring one GPU's share of the NIC, and
+    pure data parallelism the pod's whole share.
     """
     per_pod = devices_per_worker
     intra = effective_gbs(
@@ -744,7 +747,7 @@ def dp_bandwidth(
     )
     if len(mix) == 1 and counts[0] == 1 and per_pod <= mix[0].gpu.gpus_per_node:
         return intra
-    rings = min(per_pod, layout.replica_gpus)
+    rings = min(per_pod, replica_gpus)
     ring_share = min(pool.network_gbs for pool in mix) * per_pod / rings
     return min(intra, effective_gbs(ring_share, intra_node=False, constants=constants))
 

@@ -274,18 +274,14 @@ def test_data_parallel_rings_share_the_pods_network_by_tp_and_pp(
     pods: int, tp: int, pp: int, rings: int
 ) -> None:
     pool = slow_network_pool(pods)
-    got = dp_bandwidth(
-        (pool,), (pods,), Layout(tp, pp, 1, "none", "none", "bf16"), devices_per_worker=8
-    )
+    got = dp_bandwidth((pool,), (pods,), replica_gpus=tp * pp, devices_per_worker=8)
     assert got == effective_gbs(6.25 * 8 / rings, intra_node=False, constants=DEFAULT_CONSTANTS)
 
 
 def test_one_pod_reduces_over_its_gpus_interconnect_whatever_the_layout() -> None:
     pool = slow_network_pool(1)
     for tp in (1, 2, 8):
-        got = dp_bandwidth(
-            (pool,), (1,), Layout(tp, 1, 1, "none", "none", "bf16"), devices_per_worker=8
-        )
+        got = dp_bandwidth((pool,), (1,), replica_gpus=tp, devices_per_worker=8)
         assert got == effective_gbs(
             pool.gpu.interconnect_gbs, intra_node=True, constants=DEFAULT_CONSTANTS
         )
