@@ -79,7 +79,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from e2e.cluster.components import ENDPOINT_CONTROLLERS  # noqa: E402
-from e2e.cluster.controlplane import Layout, apply_fleet, down, up  # noqa: E402
+from e2e.cluster.controlplane import ClusterDirs, apply_fleet, down, up  # noqa: E402
 from e2e.cluster.state import State  # noqa: E402
 
 from elastra.api import parse_trainingjob  # noqa: E402
@@ -96,7 +96,7 @@ from elastra.kube import resources  # noqa: E402
 from elastra.kube.client import API_REQUESTS, Kube, RetryPolicy, gather_limited  # noqa: E402
 from elastra.kube.config import load_connection  # noqa: E402
 from elastra.kube.informer import Informer  # noqa: E402
-from elastra_worker.assignment import Plan  # noqa: E402
+from elastra_worker.assignment import ParallelPlan  # noqa: E402
 
 JOBS = int(os.environ.get("ELASTRA_BENCH_JOBS", "300"))
 WORKERS = int(os.environ.get("ELASTRA_BENCH_WORKERS", "8"))
@@ -184,7 +184,9 @@ def same_pod(index: int, worker: int, node: str) -> dict[str, Any]:
     job = parse_trainingjob(body)
     settings = SAME_POD_SETTINGS
     leader = f"{pod_name(job.metadata.name, 0)}.{job.metadata.name}.{NAMESPACE}.svc"
-    rank = RankSpec(rank=worker, world_size=WORKERS, master_addr=leader, plan=Plan(dp=WORKERS))
+    rank = RankSpec(
+        rank=worker, world_size=WORKERS, master_addr=leader, plan=ParallelPlan(dp=WORKERS)
+    )
     assignment = assignment_json(job, version=1, rank=rank, stop=False, settings=settings)
     pod = worker_pod(
         job, slot=worker, node=node, gpu_type=TYPES[index % len(TYPES)], assignment=assignment,
@@ -765,7 +767,9 @@ def report(result: dict[str, Any]) -> None:
 
 
 def main() -> int:
-    layout = Layout(Path(os.environ.get("ELASTRA_BENCH_CLUSTER_DIR", "/tmp/elastra-bench-scale")))
+    layout = ClusterDirs(
+        Path(os.environ.get("ELASTRA_BENCH_CLUSTER_DIR", "/tmp/elastra-bench-scale"))
+    )
     say(f"local control plane in {layout.root} with fleet {FLEET} ...")
     without = () if ENDPOINTS == "on" else ENDPOINT_CONTROLLERS
     started = up(layout, fleet="hetero-small", without_controllers=without)

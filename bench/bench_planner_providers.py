@@ -31,12 +31,12 @@ import yaml
 
 from elastra.api import parse_trainingjob
 from elastra.controller.decide.manifests import worker_constraints
-from elastra.controller.settings import OperatorSettings, Toleration
+from elastra.controller.settings import OperatorSettings
 from elastra.planner import parse_inventory, plan_job
 from elastra.planner.catalog import by_name
 from elastra.planner.eligibility import eligible
 from elastra.planner.fromspec import requirements_from_spec
-from elastra.planner.scheduling import PodConstraints
+from elastra.planner.scheduling import PodConstraints, PodToleration
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "clusters"
@@ -158,7 +158,9 @@ def plan_seconds(
 def main() -> int:
     mixed = mixed_fleet(provider_templates())
     kwok = kwok_twin(mixed)
-    settings = OperatorSettings(tolerations=(Toleration(key="kwok.x-k8s.io/node", value="fake"),))
+    settings = OperatorSettings(
+        tolerations=(PodToleration(key="kwok.x-k8s.io/node", value="fake"),)
+    )
     constraints = worker_constraints(job(), settings)
     usable = {
         label: len(eligible(parse_inventory(nodes), constraints).nodes)

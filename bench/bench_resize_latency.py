@@ -26,7 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from e2e.cluster.controlplane import Layout, down, up  # noqa: E402
+from e2e.cluster.controlplane import ClusterDirs, down, up  # noqa: E402
 from e2e.cluster.fleet import parse_fleet  # noqa: E402
 
 from elastra.kube import resources  # noqa: E402
@@ -177,7 +177,9 @@ async def run(kubeconfig: Path) -> dict[str, list[float]]:
 
 
 def main() -> int:
-    layout = Layout(Path(os.environ.get("ELASTRA_BENCH_CLUSTER_DIR", "/tmp/elastra-bench-lat")))
+    layout = ClusterDirs(
+        Path(os.environ.get("ELASTRA_BENCH_CLUSTER_DIR", "/tmp/elastra-bench-lat"))
+    )
     started = up(layout, fleet="hetero-small")
     operator = subprocess.Popen(
         [sys.executable, "-m", "elastra.cli", "run", f"--kubeconfig={layout.kubeconfig}",

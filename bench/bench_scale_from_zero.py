@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from e2e.cluster import karpenter as kp  # noqa: E402
 from e2e.cluster.controlplane import down, up  # noqa: E402
-from e2e.cluster.state import Layout, State  # noqa: E402
+from e2e.cluster.state import ClusterDirs, State  # noqa: E402
 
 from elastra.controller.decide.placeholders import requester  # noqa: E402
 from elastra.controller.engine.leader import LEASE_NAME  # noqa: E402
@@ -237,7 +237,7 @@ def report(watch: Watch) -> dict[str, list[float]]:
 
 
 def main() -> int:
-    layout = Layout(Path(os.environ.get("ELASTRA_BENCH_CLUSTER_DIR", "/tmp/elastra-bench-fz")))
+    layout = ClusterDirs(Path(os.environ.get("ELASTRA_BENCH_CLUSTER_DIR", "/tmp/elastra-bench-fz")))
     started = up(layout, fleet=None)
     kp.start(layout)
     state = State.load(layout)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from elastra.sim.experiment import run_policies
-from elastra.sim.fleet import Cluster, load_cluster, parse_cluster
+from elastra.sim.fleet import SimCluster, load_cluster, parse_cluster
 from elastra.sim.metrics import render_table
 from elastra.sim.policies import POLICY_NAMES
 from elastra.sim.synthetic import PHILLY, generate
@@ -36,7 +36,7 @@ MIX = (
 )
 
 
-def fleet(gpus: int) -> Cluster:
+def fleet(gpus: int) -> SimCluster:
     """A heterogeneous fleet of about ``gpus`` GPUs in the proportions of ``MIX``."""
     groups = []
     for prefix, product, per_node, share, network in MIX:
@@ -50,7 +50,7 @@ def fleet(gpus: int) -> Cluster:
     return parse_cluster(text, source=f"<scale-{gpus}>")
 
 
-def timed(cluster: Cluster, jobs: int, *, seed: int = 7) -> tuple[float, int]:
+def timed(cluster: SimCluster, jobs: int, *, seed: int = 7) -> tuple[float, int]:
     """Seconds to simulate ``jobs`` Philly-shaped jobs under ``elastra``; planner calls."""
     types: dict[str, int] = {}
     for node in cluster.inventory.nodes:

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 from e2e.install import EXAMPLE, Setup
-from e2e.kube import Kube, KubeError, wait_for
+from e2e.kube import Kubectl, KubeError, wait_for
 from e2e.trainlog import StepRecord, check_data_order, parse_step_log
 
 STEP_LOG = "/checkpoints/steps.jsonl"
@@ -49,7 +49,7 @@ def example_job(
 class JobRun:
     """One TrainingJob: its status, pods, the world versions seen, and its workers' logs."""
 
-    kube: Kube
+    kube: Kubectl
     namespace: str
     name: str
     versions: list[int] = field(default_factory=list)
@@ -260,7 +260,7 @@ def complete_lines(text: str) -> str:
 class Elastra:
     """The installed operator and the cpu-tiny job of one run."""
 
-    kube: Kube
+    kube: Kubectl
     setup: Setup
     job: JobRun
     installed: bool = True

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from e2e.kube import Kube, KubeError, wait_for
-from e2e.target import Volume
+from e2e.kube import Kubectl, KubeError, wait_for
+from e2e.target import SharedFolder
 
 from elastra.controller.decide.manifests import WORKER_UID
 
@@ -49,7 +49,7 @@ class Setup:
     operator_namespace: str = "elastra-system"
     job_namespace: str = "elastra-e2e"
     claim: str = "cpu-tiny-checkpoints"
-    volume: Volume | None = None
+    volume: SharedFolder | None = None
     """The checkpoint folder (a static hostPath volume, Target.volume); None: the cluster's
     default StorageClass provides the claim."""
 
@@ -63,14 +63,14 @@ class Setup:
         return f"{self.job_namespace}-{self.claim}"
 
 
-def restricted_namespace(kube: Kube, name: str) -> None:
+def restricted_namespace(kube: Kubectl, name: str) -> None:
     """Create (or relabel) a namespace that enforces Pod Security "restricted"."""
     kube.apply(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": RESTRICTED}}
     )
 
 
-def checkpoint_storage(kube: Kube, setup: Setup) -> None:
+def checkpoint_storage(kube: Kubectl, setup: Setup) -> None:
     """The claim every worker of cpu-tiny mounts (ReadWriteMany on one node).
 
     Pod Security "restricted" forbids hostPath volumes in pods, but not a claim bound to a
@@ -109,7 +109,7 @@ def checkpoint_storage(kube: Kube, setup: Setup) -> None:
     kube.apply([volume, claim])
 
 
-def remove_checkpoint_storage(kube: Kube, setup: Setup) -> None:
+def remove_checkpoint_storage(kube: Kubectl, setup: Setup) -> None:
     """Undo checkpoint_storage: the claim, its static volume and the folder (best effort)."""
     for args in (
         ("delete", "pvc", setup.claim, "-n", setup.job_namespace, "--ignore-not-found"),
@@ -129,7 +129,7 @@ def fresh_folder(path: Path) -> None:
     os.chown(path, WORKER_UID, WORKER_UID)
 
 
-def helm_install(kube: Kube, setup: Setup, *extra: str) -> str:
+def helm_install(kube: Kubectl, setup: Setup, *extra: str) -> str:
     """`helm install` the chart with the local operator image; waits for the Deployment.
 
     Returns helm's stderr: the API server's warnings (a namespace labelled ``warn:
@@ -144,7 +144,7 @@ def helm_install(kube: Kube, setup: Setup, *extra: str) -> str:
     ).stderr  # fmt: skip
 
 
-def leftovers(kube: Kube, setup: Setup) -> list[str]:
+def leftovers(kube: Kubectl, setup: Setup) -> list[str]:
     """Objects of the release, by its instance label or the names the operator gives them."""
     selector = f"app.kubernetes.io/instance={setup.release}"
     found = kube.kubectl("get", NAMESPACED_KINDS, "-A", "-l", selector, "-o", "name").split()
@@ -157,11 +157,11 @@ def leftovers(kube: Kube, setup: Setup) -> list[str]:
     return sorted(set(found + lease))
 
 
-def helm_uninstall(kube: Kube, setup: Setup) -> None:
+def helm_uninstall(kube: Kubectl, setup: Setup) -> None:
     kube.helm("uninstall", setup.release, f"--namespace={setup.operator_namespace}", "--wait")
 
 
-def wait_nothing_left(kube: Kube, setup: Setup, timeout: float = 120) -> None:
+def wait_nothing_left(kube: Kubectl, setup: Setup, timeout: float = 120) -> None:
     wait_for(
         f"nothing left of release {setup.release}",
         lambda: leftovers(kube, setup) == [],
@@ -186,7 +186,7 @@ def expand_rules(rules: Iterable[dict[str, Any]]) -> set[Rule]:
     return out
 
 
-def rbac_against_golden(kube: Kube, setup: Setup) -> dict[str, tuple[set[Rule], set[Rule]]]:
+def rbac_against_golden(kube: Kubectl, setup: Setup) -> dict[str, tuple[set[Rule], set[Rule]]]:
     """Per role, (granted but not golden, golden but not granted), read from the API server.
 
     The golden list names the peering object "elastra": the release's full name.
@@ -217,7 +217,7 @@ def denials(text: str) -> list[str]:
     return [line for line in text.splitlines() if any(w in line.lower() for w in DENIAL_WORDS)]
 
 
-def denied_events(kube: Kube, namespaces: Iterable[str]) -> list[str]:
+def denied_events(kube: Kubectl, namespaces: Iterable[str]) -> list[str]:
     """Warnings that mean the API server or a controller refused something we asked for."""
     refused = (*DENIAL_WORDS, "failedcreate")
     found = []

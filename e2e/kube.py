@@ -15,7 +15,7 @@ from typing import Any
 
 from e2e.cluster.api import wait_for
 
-__all__ = ["Kube", "KubeError", "wait_for"]
+__all__ = ["KubeError", "Kubectl", "wait_for"]
 
 
 class KubeError(AssertionError):
@@ -23,7 +23,7 @@ class KubeError(AssertionError):
 
 
 @dataclass(frozen=True)
-class Kube:
+class Kubectl:
     """One cluster: its kubeconfig and the folder holding kubectl and helm."""
 
     kubeconfig: Path

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e.cluster import Layout, down, toolchain_bindir, up
-from e2e.kube import Kube
+from e2e.cluster import ClusterDirs, down, toolchain_bindir, up
+from e2e.kube import Kubectl
 
 REPO = Path(__file__).resolve().parents[1]
 EXTERNAL_ENV = "ELASTRA_E2E_KUBECONFIG"
@@ -30,7 +30,7 @@ IMAGES = ("worker", "operator")
 
 
 @dataclass(frozen=True)
-class Volume:
+class SharedFolder:
     """A folder of this machine that the nodes see too: a static hostPath checkpoint volume."""
 
     host: Path
@@ -41,28 +41,28 @@ class Volume:
 
 @dataclass(frozen=True)
 class Target:
-    kube: Kube
+    kube: Kubectl
     local_root: Path | None
     """The local cluster's folder; None: external."""
-    shared: Volume | None
+    shared: SharedFolder | None
     """The root of the checkpoint volumes (a folder under local_root, or SHARED_ENV's);
     None: the cluster's default StorageClass provides the claims."""
 
-    def volume(self, name: str) -> Volume | None:
+    def volume(self, name: str) -> SharedFolder | None:
         """The checkpoint volume ``name`` under ``shared``."""
         if self.shared is None:
             return None
-        return Volume(self.shared.host / name, self.shared.node / name)
+        return SharedFolder(self.shared.host / name, self.shared.node / name)
 
 
-def shared_from_env() -> Volume | None:
+def shared_from_env() -> SharedFolder | None:
     value = os.environ.get(SHARED_ENV, "")
     if not value:
         return None
     host, sep, node = value.partition(":")
     if not sep or not Path(host).is_dir():
         raise SystemExit(f"{SHARED_ENV}={value}: expected HOST:NODE with HOST an existing folder")
-    return Volume(Path(host), Path(node))
+    return SharedFolder(Path(host), Path(node))
 
 
 @contextlib.contextmanager
@@ -73,15 +73,15 @@ def target_cluster(*, keep: bool = False) -> Iterator[Target]:
         path = Path(external)
         if not path.is_file():
             raise SystemExit(f"{EXTERNAL_ENV}={external}: no such kubeconfig file")
-        yield Target(Kube(path, toolchain_bindir(build=True)), None, shared_from_env())
+        yield Target(Kubectl(path, toolchain_bindir(build=True)), None, shared_from_env())
         return
-    layout = Layout(Path(os.environ.get(DIR_ENV) or REPO / ".cluster-e2e").resolve())
+    layout = ClusterDirs(Path(os.environ.get(DIR_ENV) or REPO / ".cluster-e2e").resolve())
     owner = "" if keep else f"pid:{os.getpid()}"
     started = up(layout, fleet=None, owner=owner, real_node=True, images=IMAGES)
     try:
         volumes = layout.root / "volumes"
-        kube = Kube(layout.kubeconfig, toolchain_bindir(build=False))
-        yield Target(kube, layout.root, Volume(volumes, volumes))
+        kube = Kubectl(layout.kubeconfig, toolchain_bindir(build=False))
+        yield Target(kube, layout.root, SharedFolder(volumes, volumes))
     finally:
         if started and not keep:
             down(layout)

@@ -21,13 +21,13 @@ from .controlplane import (
     up,
 )
 from .fleet import Fleet, FleetError, NodeGroup, load_fleet
-from .state import ClusterError, Layout, default_layout
+from .state import ClusterDirs, ClusterError, default_layout
 
 __all__ = [
+    "ClusterDirs",
     "ClusterError",
     "Fleet",
     "FleetError",
-    "Layout",
     "NodeGroup",
     "apiserver_frozen",
     "apply_fleet",

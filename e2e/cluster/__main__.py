@@ -16,7 +16,7 @@ from . import karpenter
 from .api import WaitTimeoutError
 from .controlplane import DEFAULT_FLEET, apply_fleet, down, status, toolchain_bindir, up
 from .fleet import FleetError
-from .state import ClusterError, Layout, default_layout
+from .state import ClusterDirs, ClusterError, default_layout
 
 AUTOSCALER = "karpenter"
 
@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    layout = Layout(args.dir.resolve()) if args.dir else default_layout()
+    layout = ClusterDirs(args.dir.resolve()) if args.dir else default_layout()
     try:
         if args.command == "up":
             up(

@@ -49,7 +49,7 @@ def wait_for(
 
 
 @dataclass(frozen=True)
-class ApiError(Exception):
+class ApiStatusError(Exception):
     status: int
     body: str
 
@@ -121,7 +121,7 @@ class Api:
                 self._drop_connection()
                 raise
         if resp.status >= 400:
-            raise ApiError(resp.status, raw.decode(errors="replace"))
+            raise ApiStatusError(resp.status, raw.decode(errors="replace"))
         if not raw:
             return None
         try:
@@ -136,7 +136,7 @@ class Api:
         """True when the endpoint answers 200 (connection errors count as not yet)."""
         try:
             self.request("GET", path, timeout=3.0)
-        except (ApiError, OSError, http.client.HTTPException):
+        except (ApiStatusError, OSError, http.client.HTTPException):
             return False
         return True
 

@@ -20,7 +20,7 @@ from . import procs
 from .api import WaitTimeoutError, probe_http_health, probe_https_health, wait_for
 from .fleet import KWOK_ANNOTATION
 from .pki import Pki, ensure_client_cert
-from .state import ClusterError, Layout, State, admin_api
+from .state import ClusterDirs, ClusterError, State, admin_api
 
 STAGES = Path(__file__).resolve().parent / "kwok-stages.yaml"
 
@@ -96,7 +96,7 @@ def write_kubeconfig(path: Path, *, server: str, pki: Pki, user: str) -> None:
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def write_env(layout: Layout, bindir: Path) -> None:
+def write_env(layout: ClusterDirs, bindir: Path) -> None:
     layout.env.write_text(
         "# Source me: . .cluster/env  (written by `python -m e2e.cluster up`)\n"
         f"export KUBECONFIG={layout.kubeconfig}\n"
@@ -137,7 +137,7 @@ only retry refused writes (a benchmark can leave them out, ``Ctx.without_control
 
 @dataclass(frozen=True)
 class Ctx:
-    layout: Layout
+    layout: ClusterDirs
     state: State
     bindir: Path
     without_controllers: tuple[str, ...] = ()

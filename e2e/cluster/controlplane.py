@@ -29,7 +29,7 @@ import yaml
 from e2e.node import node as real_node_mod
 
 from . import procs
-from .api import Api, ApiError, wait_for
+from .api import Api, ApiStatusError, wait_for
 from .components import (
     FIRST_SERVICE_IP,
     REAL_FIRST_SERVICE_IP,
@@ -45,7 +45,7 @@ from .components import (
 from .fleet import Fleet, load_fleet, resolve_fleet_path
 from .nodes import kube_version, list_nodes, node_ready, sync_fleet
 from .pki import ensure_pki
-from .state import REPO, ClusterError, Layout, State, admin_api, default_layout, say
+from .state import REPO, ClusterDirs, ClusterError, State, admin_api, default_layout, say
 
 BUILD_SCRIPT = REPO / "e2e" / "toolchain" / "build.sh"
 # ELASTRA_CRDS_DIR installs CRDs from elsewhere (a chart, a candidate generation) instead.
@@ -72,7 +72,7 @@ def toolchain_bindir(*, build: bool = True) -> Path:
 # --- public operations -----------------------------------------------------------------------
 
 
-def orphaned(layout: Layout) -> bool:
+def orphaned(layout: ClusterDirs) -> bool:
     """True when the recorded owner was a test run whose process is gone."""
     state = State.load(layout)
     if state is None or not state.owner.startswith("pid:"):
@@ -80,7 +80,7 @@ def orphaned(layout: Layout) -> bool:
     return not Path(f"/proc/{state.owner.removeprefix('pid:')}").exists()
 
 
-def is_up(layout: Layout) -> bool:
+def is_up(layout: ClusterDirs) -> bool:
     state = State.load(layout)
     if state is None or not state.daemons:
         return False
@@ -90,7 +90,7 @@ def is_up(layout: Layout) -> bool:
 
 
 @contextlib.contextmanager
-def _locked(layout: Layout) -> Iterator[None]:
+def _locked(layout: ClusterDirs) -> Iterator[None]:
     """One up/down/apply-fleet at a time per cluster folder (two terminals, make -j)."""
     layout.root.mkdir(parents=True, exist_ok=True)
     with (layout.root / ".lock").open("w") as handle:
@@ -111,7 +111,7 @@ def _step(what: str) -> Iterator[None]:
 
 
 def up(
-    layout: Layout | None = None,
+    layout: ClusterDirs | None = None,
     *,
     fleet: str | None = DEFAULT_FLEET,
     owner: str = "",
@@ -134,7 +134,7 @@ def up(
 
 
 def _up(
-    layout: Layout,
+    layout: ClusterDirs,
     fleet: str | None,
     owner: str,
     real_node: bool,
@@ -177,9 +177,9 @@ def _up(
     )
     if real_node:
         holder = real_node_mod.claim_holder()
-        if holder is not None and holder != layout.root and orphaned(Layout(holder)):
+        if holder is not None and holder != layout.root and orphaned(ClusterDirs(holder)):
             say(f"stopping the real node a killed test run left in {holder}")
-            down(Layout(holder))
+            down(ClusterDirs(holder))
         # Recorded before the API server starts: it then listens on the node's address too.
         state.real_node = {"ip": real_node_mod.node_ip(), "pending": True}
     state.save(layout)
@@ -233,14 +233,14 @@ def _bring_up(ctx: Ctx, fleet: str | None, images: tuple[str, ...] = ()) -> None
 def _exists(api: Api, path: str) -> bool:
     try:
         api.get(path)
-    except ApiError as err:
+    except ApiStatusError as err:
         if err.status == 404:
             return False
         raise
     return True
 
 
-def install_crds(layout: Layout, state: State, crds_dir: Path = CRDS_DIR) -> list[str]:
+def install_crds(layout: ClusterDirs, state: State, crds_dir: Path = CRDS_DIR) -> list[str]:
     """Apply every YAML in crds/ and wait until each CRD is Established."""
     files = sorted(p for p in crds_dir.glob("*.yaml") if p.is_file()) if crds_dir.is_dir() else []
     if not files:
@@ -279,7 +279,11 @@ def _crd_established(api: Api, name: str) -> bool:
 
 
 def apply_fleet(
-    fleet_ref: str, *, layout: Layout | None = None, replace: bool = False, timeout: float = 300
+    fleet_ref: str,
+    *,
+    layout: ClusterDirs | None = None,
+    replace: bool = False,
+    timeout: float = 300,
 ) -> Fleet:
     """Make the cluster's fake nodes match a fleet file and wait until they are all Ready."""
     layout = layout or default_layout()
@@ -287,7 +291,7 @@ def apply_fleet(
         return _apply_fleet(fleet_ref, layout, replace=replace, timeout=timeout)
 
 
-def _apply_fleet(fleet_ref: str, layout: Layout, *, replace: bool, timeout: float) -> Fleet:
+def _apply_fleet(fleet_ref: str, layout: ClusterDirs, *, replace: bool, timeout: float) -> Fleet:
     state = State.load(layout)
     if state is None or not is_up(layout):
         raise ClusterError("no cluster is running here; start one with `python -m e2e.cluster up`")
@@ -306,7 +310,7 @@ def _apply_fleet(fleet_ref: str, layout: Layout, *, replace: bool, timeout: floa
     return fleet
 
 
-def down(layout: Layout | None = None, *, keep_logs: bool = True) -> list[str]:
+def down(layout: ClusterDirs | None = None, *, keep_logs: bool = True) -> list[str]:
     """Stop exactly the processes this cluster dir recorded; remove its state and data."""
     layout = layout or default_layout()
     if not layout.root.is_dir():
@@ -316,7 +320,7 @@ def down(layout: Layout | None = None, *, keep_logs: bool = True) -> list[str]:
         return _down(layout, keep_logs=keep_logs)
 
 
-def _down(layout: Layout, *, keep_logs: bool) -> list[str]:
+def _down(layout: ClusterDirs, *, keep_logs: bool) -> list[str]:
     state = State.load(layout)
     stopped: list[str] = []
     if state is None:
@@ -341,7 +345,7 @@ def _down(layout: Layout, *, keep_logs: bool) -> list[str]:
 
 
 @contextlib.contextmanager
-def apiserver_frozen(layout: Layout) -> Iterator[None]:
+def apiserver_frozen(layout: ClusterDirs) -> Iterator[None]:
     """The cluster's kube-apiserver frozen for the block (an outage; see ``procs.frozen``)."""
     state = State.load(layout)
     if state is None:
@@ -351,7 +355,7 @@ def apiserver_frozen(layout: Layout) -> Iterator[None]:
         yield
 
 
-def status(layout: Layout | None = None) -> dict[str, Any]:
+def status(layout: ClusterDirs | None = None) -> dict[str, Any]:
     """What runs, where, and how much memory it takes."""
     layout = layout or default_layout()
     state = State.load(layout)

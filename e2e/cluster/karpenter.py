@@ -38,7 +38,7 @@ from .components import free_ports, kubectl, tail, write_kubeconfig
 from .controlplane import BUILD_SCRIPT
 from .controlplane import _locked as cluster_lock
 from .pki import ensure_client_cert
-from .state import ClusterError, Layout, State, say
+from .state import ClusterDirs, ClusterError, State, say
 
 DAEMON = "karpenter"
 NODE_CLASS = "elastra"
@@ -339,14 +339,14 @@ def launch(
     return daemon
 
 
-def running(layout: Layout) -> procs.Daemon | None:
+def running(layout: ClusterDirs) -> procs.Daemon | None:
     """The Karpenter this cluster folder recorded, when it still runs."""
     state = State.load(layout)
     found = [d for d in state.daemons if d.name == DAEMON] if state else []
     return found[0] if found and procs.is_running(found[0]) else None
 
 
-def start(layout: Layout, *, default_pool: bool = False) -> bool:
+def start(layout: ClusterDirs, *, default_pool: bool = False) -> bool:
     """Start Karpenter on the running cluster in ``layout`` (True), or find it running (False).
 
     It runs as client ``karpenter`` (group system:masters) and is recorded in state.json, so
@@ -368,7 +368,7 @@ def start(layout: Layout, *, default_pool: bool = False) -> bool:
     return started
 
 
-def _start_locked(layout: Layout, state: State, built: Path) -> bool:
+def _start_locked(layout: ClusterDirs, state: State, built: Path) -> bool:
     recorded = [d for d in state.daemons if d.name == DAEMON]
     if recorded and procs.is_running(recorded[0]):
         say(f"Karpenter already runs (pid {recorded[0].pid})")
@@ -390,7 +390,7 @@ def _start_locked(layout: Layout, state: State, built: Path) -> bool:
     return True
 
 
-def stop(layout: Layout) -> bool:
+def stop(layout: ClusterDirs) -> bool:
     """Stop the Karpenter recorded in ``layout`` by PID and forget it; False if none ran."""
     with cluster_lock(layout):
         state = State.load(layout)

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .api import Api, ApiError, wait_for
+from .api import Api, ApiStatusError, wait_for
 from .fleet import FLEET_LABEL, Fleet
 from .state import ClusterError, say
 
@@ -44,7 +44,7 @@ def create_nodes(api: Api, manifests: list[dict[str, Any]], existing: set[str]) 
     def create(node: dict[str, Any]) -> None:
         try:
             api.request("POST", "/api/v1/nodes", node)
-        except ApiError as err:
+        except ApiStatusError as err:
             if err.status != 409:
                 raise ClusterError(f"creating node {node['metadata']['name']}: {err}") from None
 
@@ -59,7 +59,7 @@ def delete_nodes(api: Api, names: list[str]) -> None:
     def delete(name: str) -> None:
         try:
             api.request("DELETE", f"/api/v1/nodes/{name}")
-        except ApiError as err:
+        except ApiStatusError as err:
             if err.status != 404:
                 raise ClusterError(f"deleting node {name}: {err}") from None
 

@@ -32,7 +32,7 @@ def say(msg: str) -> None:
 
 
 @dataclass(frozen=True)
-class Layout:
+class ClusterDirs:
     """Where one cluster keeps its files (default: <repo>/.cluster)."""
 
     root: Path
@@ -73,8 +73,8 @@ class Layout:
         return self.root / "data"
 
 
-def default_layout() -> Layout:
-    return Layout(Path(os.environ.get("ELASTRA_CLUSTER_DIR", REPO / ".cluster")).resolve())
+def default_layout() -> ClusterDirs:
+    return ClusterDirs(Path(os.environ.get("ELASTRA_CLUSTER_DIR", REPO / ".cluster")).resolve())
 
 
 # --- state -----------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ class State:
     def server(self) -> str:
         return f"https://127.0.0.1:{self.ports['apiserver']}"
 
-    def save(self, layout: Layout) -> None:
+    def save(self, layout: ClusterDirs) -> None:
         body = {
             "ports": self.ports,
             "daemons": [d.to_json() for d in self.daemons],
@@ -113,7 +113,7 @@ class State:
         tmp.replace(layout.state)
 
     @staticmethod
-    def load(layout: Layout) -> State | None:
+    def load(layout: ClusterDirs) -> State | None:
         try:
             raw = json.loads(layout.state.read_text())
         except FileNotFoundError:
@@ -129,7 +129,7 @@ class State:
         )
 
 
-def admin_api(layout: Layout, state: State) -> Api:
+def admin_api(layout: ClusterDirs, state: State) -> Api:
     pki = layout.pki
     return Api(
         state.server,

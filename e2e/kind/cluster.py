@@ -60,7 +60,7 @@ def say(msg: str) -> None:
 
 def state_file() -> Path:
     """What `up` changed on this machine, so that `down` undoes exactly that."""
-    return dockerd.Layout.default().data.parent / "cluster-state.json"
+    return dockerd.DockerdDirs.default().data.parent / "cluster-state.json"
 
 
 def read_state() -> dict[str, object]:
@@ -121,7 +121,7 @@ def their_docker_answers() -> bool:
 def environment(*, start: bool) -> Env:
     """Ours or theirs (see the module doc); with start, our daemon is started when needed."""
     choice = os.environ.get("ELASTRA_KIND_DOCKERD", "")
-    layout = dockerd.Layout.default()
+    layout = dockerd.DockerdDirs.default()
     ours = choice == "1" or (choice != "0" and dockerd.read_pid(layout) is not None)
     if not ours and choice != "0" and not their_docker_answers():
         ours = True
@@ -178,7 +178,7 @@ def up(
         # kind bind-mounts /lib/modules into every node; docker would create it on the host.
         LIB_MODULES.mkdir(parents=True)
         state["created_lib_modules"] = True
-    shared = dockerd.Layout.default().data.parent / "volumes" / name
+    shared = dockerd.DockerdDirs.default().data.parent / "volumes" / name
     shared.mkdir(parents=True, exist_ok=True)
     state["shared"] = str(shared)
     config = with_shared_volumes(config, shared, shared.parent / f"{name}-kind-config.yaml")
@@ -202,7 +202,7 @@ def up(
 def down(name: str, *, kind: str) -> None:
     state = read_state()
     env = environment(start=False)
-    if env.ours and dockerd.read_pid(dockerd.Layout.default()) is None:
+    if env.ours and dockerd.read_pid(dockerd.DockerdDirs.default()) is None:
         say("our docker daemon is not running: nothing of kind's can be left in it")
     else:
         kind = kind_binary(kind)
@@ -214,7 +214,7 @@ def down(name: str, *, kind: str) -> None:
         if env.ours:
             # Node volumes (/var of each node, ~1 GB) of nodes kind did not remove.
             env.docker("volume", "prune", "--force")
-            dockerd.stop(dockerd.Layout.default())
+            dockerd.stop(dockerd.DockerdDirs.default())
     shared = state.get("shared")
     if isinstance(shared, str):
         # The claims' data of this cluster, and the config that mounted it.
@@ -231,7 +231,7 @@ def down(name: str, *, kind: str) -> None:
 def leftovers() -> list[str]:
     """Anything of a kind cluster or our daemon still on this machine."""
     found: list[str] = []
-    layout = dockerd.Layout.default()
+    layout = dockerd.DockerdDirs.default()
     pid = dockerd.read_pid(layout)
     if pid is not None:
         found.append(f"dockerd pid {pid}")
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "env":
         env = environment(start=False)
         if env.ours:
-            for key, value in dockerd.env(dockerd.Layout.default()).items():
+            for key, value in dockerd.env(dockerd.DockerdDirs.default()).items():
                 print(f"export {key}={value}")
         shared = read_state().get("shared")
         if isinstance(shared, str):

@@ -43,19 +43,19 @@ def say(msg: str) -> None:
 
 
 @dataclass(frozen=True)
-class Layout:
+class DockerdDirs:
     """Where this user's daemon keeps its state (data) and runtime files (run)."""
 
     data: Path
     run: Path
 
     @staticmethod
-    def default() -> Layout:
+    def default() -> DockerdDirs:
         base = os.environ.get("ELASTRA_CACHE") or str(Path.home() / ".cache" / "elastra")
         # Unix socket paths are limited to 107 bytes: containerd's sockets live under the
         # exec-root, so the run folder stays short (not under the cache).
         run = os.environ.get("ELASTRA_KIND_RUN") or f"/run/elastra-kind-{os.getuid()}"
-        return Layout(Path(base) / "kind" / "docker", Path(run))
+        return DockerdDirs(Path(base) / "kind" / "docker", Path(run))
 
     @property
     def sock(self) -> Path:
@@ -95,7 +95,7 @@ class Layout:
         return f"/{self.run.name}"
 
 
-def dockerd_argv(layout: Layout, runcwrap: Path, pool: str = DEFAULT_POOL) -> list[str]:
+def dockerd_argv(layout: DockerdDirs, runcwrap: Path, pool: str = DEFAULT_POOL) -> list[str]:
     return [
         "dockerd",
         f"--host={layout.host}",
@@ -117,7 +117,7 @@ def dockerd_argv(layout: Layout, runcwrap: Path, pool: str = DEFAULT_POOL) -> li
     ]
 
 
-def read_pid(layout: Layout) -> int | None:
+def read_pid(layout: DockerdDirs) -> int | None:
     """The daemon's PID when it runs (pidfile present and that process is a dockerd)."""
     try:
         pid = int(layout.pidfile.read_text().strip())
@@ -160,7 +160,7 @@ def ensure_installed() -> None:
             policy.unlink(missing_ok=True)
 
 
-def start(layout: Layout, runcwrap: Path, *, pool: str, timeout: float = 60.0) -> int:
+def start(layout: DockerdDirs, runcwrap: Path, *, pool: str, timeout: float = 60.0) -> int:
     """Start the daemon unless it runs; returns its PID once it answers on its socket."""
     pid = read_pid(layout)
     if pid is not None:
@@ -202,7 +202,7 @@ def start(layout: Layout, runcwrap: Path, *, pool: str, timeout: float = 60.0) -
     )
 
 
-def stop(layout: Layout, timeout: float = 60.0) -> bool:
+def stop(layout: DockerdDirs, timeout: float = 60.0) -> bool:
     """Stop the daemon by its PID (SIGTERM, then SIGKILL); False when none was running."""
     pid = read_pid(layout)
     if pid is None:
@@ -223,7 +223,7 @@ def stop(layout: Layout, timeout: float = 60.0) -> bool:
     return True
 
 
-def remove_created(layout: Layout) -> None:
+def remove_created(layout: DockerdDirs) -> None:
     """Remove the DAEMON_HOST_PATHS that our daemon's start created."""
     try:
         created = json.loads(layout.created.read_text())
@@ -238,7 +238,7 @@ def remove_created(layout: Layout) -> None:
     layout.created.unlink(missing_ok=True)
 
 
-def remove_cgroups(layout: Layout) -> list[Path]:
+def remove_cgroups(layout: DockerdDirs) -> list[Path]:
     """rmdir the daemon's (empty) cgroup parent in every v1 hierarchy or in v2; what is left."""
     left = []
     root = Path("/sys/fs/cgroup")
@@ -259,7 +259,7 @@ def remove_cgroups(layout: Layout) -> list[Path]:
     return left
 
 
-def env(layout: Layout) -> dict[str, str]:
+def env(layout: DockerdDirs) -> dict[str, str]:
     return {
         "DOCKER_HOST": layout.host,
         "PATH": f"{layout.shims}:{os.environ.get('PATH', '')}",
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["start", "stop", "status", "env"])
     parser.add_argument("--runcwrap", type=Path, help="the runc wrapper (start)")
     args = parser.parse_args(argv)
-    layout = Layout.default()
+    layout = DockerdDirs.default()
     if args.command == "start":
         if args.runcwrap is None:
             parser.error("start needs --runcwrap (e2e/kind/build.sh --print-bindir)/runcwrap")

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from e2e.cluster.state import Layout, State, default_layout
+from e2e.cluster.state import ClusterDirs, State, default_layout
 from e2e.images.build import WORKER_TAG
 
 from .node import NODE_LABEL
@@ -60,7 +60,7 @@ def _pod(name: str, rank: int, master: str) -> str:
     )
 
 
-def gloo_check(layout: Layout, timeout: float) -> int:
+def gloo_check(layout: ClusterDirs, timeout: float) -> int:
     state = State.load(layout)
     if state is None or not state.real_node:
         print(f"node: error: no cluster with a real node in {layout.root}", file=sys.stderr)
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, help="cluster folder (default: $ELASTRA_CLUSTER_DIR)")
     parser.add_argument("--timeout", type=float, default=300)
     args = parser.parse_args(argv)
-    layout = Layout(args.dir.resolve()) if args.dir else default_layout()
+    layout = ClusterDirs(args.dir.resolve()) if args.dir else default_layout()
     return gloo_check(layout, args.timeout)
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 from e2e import hostpkgs
 from e2e.cluster import procs
-from e2e.cluster.api import Api, ApiError, WaitTimeoutError, wait_for
+from e2e.cluster.api import Api, ApiStatusError, WaitTimeoutError, wait_for
 from e2e.cluster.components import (
     REAL_NODE_POD_CIDR,
     REAL_POD_CIDR,
@@ -42,7 +42,7 @@ from e2e.cluster.components import (
     write_kubeconfig,
 )
 from e2e.cluster.pki import Pki, ensure_client_cert, ensure_serving_cert
-from e2e.cluster.state import ClusterError, Layout, State, admin_api, say
+from e2e.cluster.state import ClusterDirs, ClusterError, State, admin_api, say
 from e2e.images.build import BUILDERS, PAUSE_TAG, import_image, remove_orphans
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,7 +110,7 @@ class NodeLayout:
 CLAIM = Path("/run/elastra-real-node.json")
 
 
-def _claimed_by_other(layout: Layout) -> str | None:
+def _claimed_by_other(layout: ClusterDirs) -> str | None:
     try:
         raw = json.loads(CLAIM.read_text())
     except (FileNotFoundError, ValueError):
@@ -133,7 +133,7 @@ def claim_holder() -> Path | None:
         return None
 
 
-def claim(layout: Layout, *, wait: float) -> None:
+def claim(layout: ClusterDirs, *, wait: float) -> None:
     """Record that layout's cluster runs this machine's real node.
 
     Another cluster's live node is waited for (wait seconds: test runs side by side take
@@ -160,11 +160,11 @@ def claim(layout: Layout, *, wait: float) -> None:
             time.sleep(2)
 
 
-def _record_claim(layout: Layout, containerd: procs.Daemon) -> None:
+def _record_claim(layout: ClusterDirs, containerd: procs.Daemon) -> None:
     CLAIM.write_text(json.dumps({"cluster": str(layout.root), "containerd": containerd.to_json()}))
 
 
-def release(layout: Layout) -> None:
+def release(layout: ClusterDirs) -> None:
     with contextlib.suppress(FileNotFoundError, ValueError):
         if json.loads(CLAIM.read_text()).get("cluster") == str(layout.root):
             CLAIM.unlink()
@@ -250,7 +250,7 @@ def cni_config(nl: NodeLayout) -> dict[str, Any]:
     }
 
 
-def start_containerd(nl: NodeLayout, state: State, layout: Layout) -> procs.Daemon:
+def start_containerd(nl: NodeLayout, state: State, layout: ClusterDirs) -> procs.Daemon:
     containerd = _need("containerd")
     _need("runc")
     cni_bin = next((d for d in CNI_BIN_DIRS if Path(d, "bridge").exists()), None)
@@ -343,7 +343,13 @@ def node_name() -> str:
 
 
 def start_kubelet(
-    *, nl: NodeLayout, state: State, layout: Layout, bindir: Path, ip: str, ports: dict[str, int]
+    *,
+    nl: NodeLayout,
+    state: State,
+    layout: ClusterDirs,
+    bindir: Path,
+    ip: str,
+    ports: dict[str, int],
 ) -> procs.Daemon:
     pki: Pki = layout.pki
     name = node_name()
@@ -428,7 +434,9 @@ def coredns_binary() -> Path:
     return Path(lines[-1])
 
 
-def start_coredns(*, nl: NodeLayout, state: State, layout: Layout, binary: Path, ip: str) -> None:
+def start_coredns(
+    *, nl: NodeLayout, state: State, layout: ClusterDirs, binary: Path, ip: str
+) -> None:
     """The cluster's DNS, as a process on the node's address (port 53): pods resolve
     ``<pod>.<service>.<namespace>.svc`` as on any cluster, which the operator's workers use
     to find rank 0 before it has an IP. It answers for the cluster domain only: other names
@@ -451,7 +459,13 @@ def start_coredns(*, nl: NodeLayout, state: State, layout: Layout, binary: Path,
 
 
 def start_kube_proxy(
-    *, nl: NodeLayout, state: State, layout: Layout, bindir: Path, ip: str, ports: dict[str, int]
+    *,
+    nl: NodeLayout,
+    state: State,
+    layout: ClusterDirs,
+    bindir: Path,
+    ip: str,
+    ports: dict[str, int],
 ) -> procs.Daemon:
     pki = layout.pki
     ensure_client_cert(pki, "kube-proxy", "system:kube-proxy", None)
@@ -485,7 +499,7 @@ def start_kube_proxy(
 def _node_ready(api: Api, name: str) -> bool:
     try:
         node = api.get(f"/api/v1/nodes/{name}")
-    except ApiError as err:
+    except ApiStatusError as err:
         if err.status == 404:
             return False
         raise
@@ -493,7 +507,7 @@ def _node_ready(api: Api, name: str) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def start(layout: Layout, state: State, bindir: Path, *, images: list[str]) -> dict[str, Any]:
+def start(layout: ClusterDirs, state: State, bindir: Path, *, images: list[str]) -> dict[str, Any]:
     """Start containerd, import images, start kubelet + kube-proxy; wait for the node Ready."""
     if os.geteuid() != 0:
         raise ClusterError("a real node needs root (containerd, iptables, routes, cgroups)")
@@ -558,7 +572,7 @@ def _ctr(nl: NodeLayout, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def teardown(layout: Layout, state: State) -> list[str]:
+def teardown(layout: ClusterDirs, state: State) -> list[str]:
     """Remove the node's pods, stop its daemons, undo its network changes. Safe to repeat."""
     info = state.real_node
     if not info or "root" not in info:
@@ -570,10 +584,10 @@ def teardown(layout: Layout, state: State) -> list[str]:
     api = admin_api(layout, state)
     # 1. Pods go through the kubelet (CNI DEL, sandbox removal) while it still runs.
     if kubelet and procs.is_running(kubelet) and api.healthy():
-        with contextlib.suppress(ApiError):
+        with contextlib.suppress(ApiStatusError):
             for pod in _node_pods(api, info["name"]):
                 meta = pod["metadata"]
-                with contextlib.suppress(ApiError):
+                with contextlib.suppress(ApiStatusError):
                     api.request(
                         "DELETE",
                         f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"

@@ -11,7 +11,7 @@ import contextlib
 import time
 
 import pytest
-from e2e.cluster import Layout, apiserver_frozen
+from e2e.cluster import ClusterDirs, apiserver_frozen
 from e2e.elasticjob import RUNNING_STEPS, Elastra, complete_lines, example_job
 from e2e.install import denials, denied_events, leftovers, rbac_against_golden, wait_nothing_left
 from e2e.kube import KubeError, wait_for
@@ -167,7 +167,7 @@ def test_a_minute_without_the_api_server_is_ridden_out(elastra: Elastra, target:
     host_log = elastra.setup.volume.host / "steps.jsonl"
     desired = int(job.job()["spec"]["replicas"])
     before = job.step_log()[-1].step
-    with apiserver_frozen(Layout(target.local_root)):
+    with apiserver_frozen(ClusterDirs(target.local_root)):
         time.sleep(OUTAGE_S)  # the fault itself: it lasts this long, nothing is waited on
         during = [
             r for r in parse_step_log(complete_lines(host_log.read_text())) if r.step > before

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from e2e.elasticjob import Elastra, JobRun, example_job
-from e2e.kube import Kube, KubeError, wait_for
+from e2e.kube import Kubectl, KubeError, wait_for
 from e2e.node.node import NODE_LABEL
 
 pytestmark = pytest.mark.timeout(900)
@@ -33,13 +33,13 @@ FAIL_S = 420.0  # the pod's start (the 5 GB image, torch's CUDA import) on two b
 CAUSE = "no GPU driver is visible in the container"
 
 
-def real_node(kube: Kube) -> str:
+def real_node(kube: Kubectl) -> str:
     (node,) = kube.items("nodes", "-l", f"{NODE_LABEL}=true")
     name: str = node["metadata"]["name"]
     return name
 
 
-def _status_patch(kube: Kube, node: str, ops: list[dict[str, Any]]) -> None:
+def _status_patch(kube: Kubectl, node: str, ops: list[dict[str, Any]]) -> None:
     kube.kubectl("patch", "node", node, "--subresource=status", "--type=json",
                  "-p", json.dumps(ops))  # fmt: skip
 

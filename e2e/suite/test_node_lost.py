@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from e2e.elasticjob import RUNNING_STEPS, Elastra, JobRun, example_job
 from e2e.install import checkpoint_storage, remove_checkpoint_storage
-from e2e.kube import Kube, KubeError, wait_for
+from e2e.kube import Kubectl, KubeError, wait_for
 from e2e.target import Target
 from e2e.trainlog import check_contiguous, check_resumes, resumes, world_spans
 
@@ -47,7 +47,7 @@ NODE_LOST_S = 600.0
 operator's decision, pods on two nodes, torch import and restore on a busy 2-core machine."""
 
 
-def kind_containers(kube: Kube) -> dict[str, str]:
+def kind_containers(kube: Kubectl) -> dict[str, str]:
     """Node name -> its docker container, for the nodes kind made (empty elsewhere)."""
     found: dict[str, str] = {}
     for node in kube.items("nodes"):
@@ -97,7 +97,7 @@ def node_job(elastra: Elastra, target: Target) -> Iterator[tuple[JobRun, dict[st
         remove_checkpoint_storage(kube, storage)
 
 
-def node_ready(kube: Kube, node: str) -> bool:
+def node_ready(kube: Kubectl, node: str) -> bool:
     conditions = (kube.get("node", node).get("status") or {}).get("conditions") or []
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
@@ -132,7 +132,7 @@ def running_three(job: JobRun) -> tuple[int, list[str]]:
 
 
 def kill_and_return(
-    job: JobRun, kube: Kube, container: str, node: str, first: int
+    job: JobRun, kube: Kubectl, container: str, node: str, first: int
 ) -> tuple[float, float]:
     """Kill the node, wait for a world of two that trains, start the node again, wait for a
     world of three; the seconds from the kill and from the start."""

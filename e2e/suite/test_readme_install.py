@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from e2e.install import fresh_folder
-from e2e.kube import Kube, KubeError, wait_for
+from e2e.kube import Kubectl, KubeError, wait_for
 from e2e.target import REPO, Target
 
 pytestmark = pytest.mark.timeout(1800)
@@ -123,7 +123,7 @@ def _volume(node_dir: Path) -> dict[str, Any]:
     }
 
 
-def _release_exists(kube: Kube) -> bool:
+def _release_exists(kube: Kubectl) -> bool:
     try:
         kube.helm("status", RELEASE, f"--namespace={OPERATOR_NAMESPACE}")
     except KubeError:
@@ -131,13 +131,13 @@ def _release_exists(kube: Kube) -> bool:
     return True
 
 
-def _finished(kube: Kube) -> dict[str, Any] | None:
+def _finished(kube: Kubectl) -> dict[str, Any] | None:
     job: dict[str, Any] = kube.get("trainingjob", JOB, "-n", NAMESPACE)
     conditions = {c["type"]: c["status"] for c in job.get("status", {}).get("conditions", [])}
     return job if conditions.get("Succeeded") == "True" else None
 
 
-def _describe(kube: Kube) -> str:
+def _describe(kube: Kubectl) -> str:
     try:
         status = kube.get("trainingjob", JOB, "-n", NAMESPACE).get("status", {})
         pods = kube.items("pods", "-n", NAMESPACE)
@@ -147,7 +147,7 @@ def _describe(kube: Kube) -> str:
     return f"status={status} pods={phases}"[:4000]
 
 
-def _clean_up(kube: Kube, host_dir: Path | None) -> None:
+def _clean_up(kube: Kubectl, host_dir: Path | None) -> None:
     """Job, release, namespace, volume: each step on its own (one failure stops nothing)."""
     steps = [
         ("delete", "trainingjob", JOB, "-n", NAMESPACE, "--ignore-not-found", "--timeout=240s"),

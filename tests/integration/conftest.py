@@ -37,7 +37,7 @@ FAKE_NODE_TOLERATION = {
 
 
 @dataclass(frozen=True)
-class Cluster:
+class LocalCluster:
     """How tests reach the cluster: a kubeconfig and the toolchain's kubectl."""
 
     kubeconfig: Path
@@ -81,10 +81,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
+def cluster() -> Iterator[LocalCluster]:
     external = os.environ.get("ELASTRA_TEST_KUBECONFIG")
     if external:
-        yield Cluster(kubeconfig=Path(external), bindir=toolchain_bindir(build=True))
+        yield LocalCluster(kubeconfig=Path(external), bindir=toolchain_bindir(build=True))
         return
     layout = default_layout()
     # A cluster left behind by a killed test run is adopted (and stopped at the end); one that
@@ -92,14 +92,14 @@ def cluster() -> Iterator[Cluster]:
     adopted = orphaned(layout)
     started = up(layout, fleet=FLEET, owner=f"pid:{os.getpid()}") or adopted
     try:
-        yield Cluster(kubeconfig=layout.kubeconfig, bindir=toolchain_bindir(build=False))
+        yield LocalCluster(kubeconfig=layout.kubeconfig, bindir=toolchain_bindir(build=False))
     finally:
         if started:
             down(layout)
 
 
 @contextlib.contextmanager
-def fresh_namespace(cluster: Cluster) -> Iterator[str]:
+def fresh_namespace(cluster: LocalCluster) -> Iterator[str]:
     """A new namespace with its default service account (pods need it), deleted afterwards."""
     name = f"it-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
@@ -118,7 +118,7 @@ def fresh_namespace(cluster: Cluster) -> Iterator[str]:
 
 
 @pytest.fixture
-def namespace(cluster: Cluster) -> Iterator[str]:
+def namespace(cluster: LocalCluster) -> Iterator[str]:
     with fresh_namespace(cluster) as name:
         yield name
 

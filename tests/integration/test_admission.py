@@ -29,18 +29,18 @@ from tests.cases.specs import (
     apply_edits,
     base_manifest,
 )
-from tests.integration.conftest import Cluster, fresh_namespace
+from tests.integration.conftest import LocalCluster, fresh_namespace
 
 GROUP, VERSION, PLURAL = "elastra.dev", "v1alpha1", "trainingjobs"
 
 
 @pytest.fixture(scope="module")
-def custom(cluster: Cluster) -> client.CustomObjectsApi:
+def custom(cluster: LocalCluster) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(cluster.api_client())
 
 
 @pytest.fixture(scope="module")
-def admission_ns(cluster: Cluster) -> Iterator[str]:
+def admission_ns(cluster: LocalCluster) -> Iterator[str]:
     """One namespace for the whole table: every case gets its own object name."""
     with fresh_namespace(cluster) as name:
         yield name
@@ -85,7 +85,7 @@ def test_valid_spec_is_accepted(
 
 
 def test_scaling_past_one_pod_without_shared_checkpoints_is_rejected(
-    cluster: Cluster, custom: client.CustomObjectsApi, admission_ns: str
+    cluster: LocalCluster, custom: client.CustomObjectsApi, admission_ns: str
 ) -> None:
     """A one-pod job may keep its emptyDir; ``kubectl scale`` to two must not lose progress."""
     (case,) = [c for c in VALID_SPECS if c.id == "single-replica-without-checkpoints"]
@@ -121,7 +121,7 @@ def _templated_pod(namespace: str, pod_security: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def priority_class(cluster: Cluster) -> Iterator[str]:
+def priority_class(cluster: LocalCluster) -> Iterator[str]:
     """The PriorityClass FULL_TEMPLATE names: pod admission refuses an unknown one."""
     name = FULL_TEMPLATE["spec"]["priorityClassName"]
     body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
@@ -137,7 +137,7 @@ def priority_class(cluster: Cluster) -> Iterator[str]:
      ("restricted", "baseline", False)],
 )  # fmt: skip
 def test_a_templated_worker_pod_passes_pod_validation_and_pod_security(
-    cluster: Cluster, priority_class: str, enforce: str, pod_security: str, admitted: bool
+    cluster: LocalCluster, priority_class: str, enforce: str, pod_security: str, admitted: bool
 ) -> None:
     """The merged pod is one the API server accepts (server-side dry run), under the level
     its podSecurity names; baseline's sidecars do not pass "restricted"."""

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from tests.cases.specs import base_manifest
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "trainingjobs.elastra.dev.yaml"
 
@@ -22,7 +22,7 @@ def _crd() -> dict[str, Any]:
     return crd
 
 
-def test_crd_is_established(cluster: Cluster) -> None:
+def test_crd_is_established(cluster: LocalCluster) -> None:
     crd = cluster.get("crd", "trainingjobs.elastra.dev")
     conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
     assert conditions["Established"] == "True"
@@ -30,7 +30,7 @@ def test_crd_is_established(cluster: Cluster) -> None:
     assert "tj" in crd["spec"]["names"]["shortNames"]
 
 
-def test_kubectl_get_tj_shows_printer_columns(cluster: Cluster, namespace: str) -> None:
+def test_kubectl_get_tj_shows_printer_columns(cluster: LocalCluster, namespace: str) -> None:
     cluster.apply(base_manifest("printed"), namespace=namespace)
     out = cluster.kubectl("get", "tj", "printed", "-n", namespace).stdout.splitlines()
     header, row = out[0].split(), out[1].split()
@@ -41,7 +41,9 @@ def test_kubectl_get_tj_shows_printer_columns(cluster: Cluster, namespace: str) 
     assert row[header.index("DESIRED")] == "4"
 
 
-def test_kubectl_scale_goes_through_the_scale_subresource(cluster: Cluster, namespace: str) -> None:
+def test_kubectl_scale_goes_through_the_scale_subresource(
+    cluster: LocalCluster, namespace: str
+) -> None:
     cluster.apply(base_manifest("scaled"), namespace=namespace)  # min 2, replicas 4, max 8
     cluster.kubectl("scale", "tj/scaled", "--replicas=6", "-n", namespace)
     job = cluster.get("tj", "scaled", "-n", namespace)
@@ -56,7 +58,7 @@ def test_kubectl_scale_goes_through_the_scale_subresource(cluster: Cluster, name
     assert scale["spec"]["replicas"] == 6
 
 
-def test_scale_outside_min_max_is_rejected(cluster: Cluster, namespace: str) -> None:
+def test_scale_outside_min_max_is_rejected(cluster: LocalCluster, namespace: str) -> None:
     cluster.apply(base_manifest("bounded"), namespace=namespace)
     above = cluster.kubectl("scale", "tj/bounded", "--replicas=9", "-n", namespace, check=False)
     assert above.returncode != 0

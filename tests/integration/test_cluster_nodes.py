@@ -14,7 +14,7 @@ from typing import Any
 from e2e.cluster.api import wait_for
 from e2e.cluster.fleet import FLEET_LABEL, load_fleet
 
-from tests.integration.conftest import FLEET, Cluster, gpu_pod
+from tests.integration.conftest import FLEET, LocalCluster, gpu_pod
 
 FLEET_FILE = Path(__file__).resolve().parents[2] / "e2e" / "fleets" / f"{FLEET}.yaml"
 
@@ -24,12 +24,12 @@ def _ready(node: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def _pod(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+def _pod(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any]:
     pod: dict[str, Any] = cluster.get("pod", name, "-n", namespace)
     return pod
 
 
-def test_fleet_nodes_are_ready_with_gpu_allocatable(cluster: Cluster) -> None:
+def test_fleet_nodes_are_ready_with_gpu_allocatable(cluster: LocalCluster) -> None:
     fleet = load_fleet(FLEET_FILE)
     nodes = cluster.get("nodes", "-l", f"{FLEET_LABEL}={fleet.name}")["items"]
     by_name = {n["metadata"]["name"]: n for n in nodes}
@@ -52,7 +52,7 @@ def test_fleet_nodes_are_ready_with_gpu_allocatable(cluster: Cluster) -> None:
 
 
 def test_scheduler_binds_gpu_pod_to_a_fitting_node_and_kwok_runs_it(
-    cluster: Cluster, namespace: str
+    cluster: LocalCluster, namespace: str
 ) -> None:
     # 8 GPUs fit only the H100 and A100 nodes (T4 nodes have 4, CPU nodes none).
     cluster.apply(gpu_pod("eight-gpus", gpus=8), namespace=namespace)
@@ -74,7 +74,7 @@ def test_scheduler_binds_gpu_pod_to_a_fitting_node_and_kwok_runs_it(
     assert ready["Ready"] == "True"
 
 
-def test_scheduler_respects_gpu_product_selector(cluster: Cluster, namespace: str) -> None:
+def test_scheduler_respects_gpu_product_selector(cluster: LocalCluster, namespace: str) -> None:
     pod = gpu_pod("on-t4", gpus=4)
     pod["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "Tesla-T4"}
     cluster.apply(pod, namespace=namespace)
@@ -86,7 +86,9 @@ def test_scheduler_respects_gpu_product_selector(cluster: Cluster, namespace: st
     assert running["spec"]["nodeName"].startswith("t4-")
 
 
-def test_pod_asking_more_gpus_than_any_node_stays_pending(cluster: Cluster, namespace: str) -> None:
+def test_pod_asking_more_gpus_than_any_node_stays_pending(
+    cluster: LocalCluster, namespace: str
+) -> None:
     cluster.apply(gpu_pod("too-big", gpus=9), namespace=namespace)
 
     def unschedulable() -> dict[str, Any] | None:
@@ -102,7 +104,9 @@ def test_pod_asking_more_gpus_than_any_node_stays_pending(cluster: Cluster, name
     assert not _pod(cluster, namespace, "too-big")["spec"].get("nodeName")
 
 
-def test_failure_stage_fails_pod_with_chosen_exit_code(cluster: Cluster, namespace: str) -> None:
+def test_failure_stage_fails_pod_with_chosen_exit_code(
+    cluster: LocalCluster, namespace: str
+) -> None:
     pod = gpu_pod("doomed", gpus=1, labels={"sim.elastra.dev/fail": "true"})
     pod["metadata"]["annotations"] = {
         "sim.elastra.dev/exit-code": "42",
@@ -119,7 +123,9 @@ def test_failure_stage_fails_pod_with_chosen_exit_code(cluster: Cluster, namespa
     assert status["state"]["terminated"]["reason"] == "Error"
 
 
-def test_deleting_owner_garbage_collects_owned_objects(cluster: Cluster, namespace: str) -> None:
+def test_deleting_owner_garbage_collects_owned_objects(
+    cluster: LocalCluster, namespace: str
+) -> None:
     cluster.kubectl("create", "configmap", "owner", "-n", namespace)
     owner = cluster.get("configmap", "owner", "-n", namespace)
     ref = {
@@ -156,7 +162,7 @@ def test_deleting_owner_garbage_collects_owned_objects(cluster: Cluster, namespa
     wait_for("the garbage collector to delete owned objects", gone, timeout=60)
 
 
-def test_cluster_addresses_stay_on_loopback(cluster: Cluster) -> None:
+def test_cluster_addresses_stay_on_loopback(cluster: LocalCluster) -> None:
     """Nothing the cluster hands out may lead traffic off this machine."""
     service = cluster.get("service", "kubernetes", "-n", "default")
     assert ipaddress.ip_address(service["spec"]["clusterIP"]).is_loopback

@@ -17,7 +17,7 @@ from elastra.kube import events
 from elastra.kube.client import Kube
 from elastra.kube.config import load_connection
 from tests.cases.specs import base_manifest
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 
 T0 = datetime(2026, 12, 1, 3, 0, 0, tzinfo=UTC)
 UNPLACEABLE = "no node has 8 free H100"
@@ -25,7 +25,7 @@ SETTLE_S = 30.0
 """Deadline for a write to show in a list (the API server may answer lists from its cache)."""
 
 
-def job_events(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+def job_events(cluster: LocalCluster, namespace: str, name: str) -> list[dict[str, Any]]:
     """Events about one TrainingJob, as kubectl lists them."""
     found: list[dict[str, Any]] = cluster.get(
         "events",
@@ -36,7 +36,7 @@ def job_events(cluster: Cluster, namespace: str, name: str) -> list[dict[str, An
     return found
 
 
-def counts(cluster: Cluster, namespace: str, name: str) -> dict[str, int]:
+def counts(cluster: LocalCluster, namespace: str, name: str) -> dict[str, int]:
     """message -> count of the job's Events (a duplicate message would show as a lost key)."""
     found = job_events(cluster, namespace, name)
     by_message = {e["message"]: e["count"] for e in found}
@@ -44,7 +44,7 @@ def counts(cluster: Cluster, namespace: str, name: str) -> dict[str, int]:
     return by_message
 
 
-def settled(cluster: Cluster, namespace: str, name: str, want: dict[str, int]) -> None:
+def settled(cluster: LocalCluster, namespace: str, name: str, want: dict[str, int]) -> None:
     """Wait, with a deadline, until the job's Events are ``want`` (message -> count)."""
 
     def probe() -> dict[str, int] | None:
@@ -65,7 +65,7 @@ async def record(kube: Kube, job: dict[str, Any], message: str, *, at: datetime)
     )
 
 
-def test_repeated_events_are_counted_on_one_event(cluster: Cluster, namespace: str) -> None:
+def test_repeated_events_are_counted_on_one_event(cluster: LocalCluster, namespace: str) -> None:
     cluster.apply(base_manifest("evented"), namespace=namespace)
     job = cluster.get("trainingjobs.elastra.dev", "evented", "-n", namespace)
     connection = load_connection(str(cluster.kubeconfig))
@@ -88,7 +88,7 @@ def test_repeated_events_are_counted_on_one_event(cluster: Cluster, namespace: s
 
 
 def test_a_restart_continues_the_count_and_an_expired_event_starts_again(
-    cluster: Cluster, namespace: str
+    cluster: LocalCluster, namespace: str
 ) -> None:
     cluster.apply(base_manifest("restarted"), namespace=namespace)
     job = cluster.get("trainingjobs.elastra.dev", "restarted", "-n", namespace)

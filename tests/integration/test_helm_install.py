@@ -29,7 +29,7 @@ import pytest
 import yaml
 from e2e.cluster.api import wait_for
 
-from tests.integration.conftest import FAKE_NODE_TOLERATION, Cluster, fresh_namespace
+from tests.integration.conftest import FAKE_NODE_TOLERATION, LocalCluster, fresh_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "elastra"
@@ -59,7 +59,7 @@ class Release:
         return f"system:serviceaccount:{self.namespace}:{self.fullname}"
 
 
-def helm(cluster: Cluster, *args: str) -> str:
+def helm(cluster: LocalCluster, *args: str) -> str:
     out = subprocess.run(
         [str(cluster.bindir / "helm"), f"--kubeconfig={cluster.kubeconfig}", *args],
         capture_output=True,
@@ -71,20 +71,20 @@ def helm(cluster: Cluster, *args: str) -> str:
     return out.stdout
 
 
-def restricted_namespace(cluster: Cluster) -> contextlib.AbstractContextManager[str]:
+def restricted_namespace(cluster: LocalCluster) -> contextlib.AbstractContextManager[str]:
     """A fresh namespace that enforces Pod Security "restricted" (latest)."""
     return _labelled(cluster, {"pod-security.kubernetes.io/enforce": "restricted"})
 
 
 @contextlib.contextmanager
-def _labelled(cluster: Cluster, labels: dict[str, str]) -> Iterator[str]:
+def _labelled(cluster: LocalCluster, labels: dict[str, str]) -> Iterator[str]:
     with fresh_namespace(cluster) as name:
         cluster.kubectl("label", "namespace", name, *(f"{k}={v}" for k, v in labels.items()))
         yield name
 
 
 @contextlib.contextmanager
-def installed(cluster: Cluster, namespace: str, *sets: str) -> Iterator[Release]:
+def installed(cluster: LocalCluster, namespace: str, *sets: str) -> Iterator[Release]:
     """`helm install` a release with a unique name; uninstalled afterwards if still there."""
     release = Release(name=f"it{uuid.uuid4().hex[:6]}", namespace=namespace)
     # The installed operator pod must never run (a real node may have the image): it would
@@ -99,7 +99,7 @@ def installed(cluster: Cluster, namespace: str, *sets: str) -> Iterator[Release]
             helm(cluster, "uninstall", release.name, f"--namespace={namespace}", "--wait")
 
 
-def leftovers(cluster: Cluster, release: Release) -> list[str]:
+def leftovers(cluster: LocalCluster, release: Release) -> list[str]:
     """Objects labelled with the release, in any namespace or cluster-wide."""
     selector = f"app.kubernetes.io/instance={release.name}"
     found = []
@@ -110,7 +110,7 @@ def leftovers(cluster: Cluster, release: Release) -> list[str]:
 
 
 def access_reviews(
-    cluster: Cluster, release: Release, attributes: list[dict[str, str]]
+    cluster: LocalCluster, release: Release, attributes: list[dict[str, str]]
 ) -> list[bool]:
     """One SubjectAccessReview per attribute set, as the release's service account; allowed?"""
     groups = [
@@ -192,13 +192,15 @@ DENIED = [
 
 
 @pytest.fixture(scope="module")
-def release(cluster: Cluster) -> Iterator[Release]:
+def release(cluster: LocalCluster) -> Iterator[Release]:
     """The chart with default values, in a namespace enforcing Pod Security "restricted"."""
     with restricted_namespace(cluster) as namespace, installed(cluster, namespace) as found:
         yield found
 
 
-def test_install_creates_the_operator_its_rbac_and_crds(cluster: Cluster, release: Release) -> None:
+def test_install_creates_the_operator_its_rbac_and_crds(
+    cluster: LocalCluster, release: Release
+) -> None:
     ns = ["-n", release.namespace]
     deployment = cluster.get("deployment", release.fullname, *ns)
     assert deployment["spec"]["replicas"] == 1
@@ -219,7 +221,7 @@ def test_install_creates_the_operator_its_rbac_and_crds(cluster: Cluster, releas
 
 
 def test_operator_pod_is_admitted_under_pod_security_restricted(
-    cluster: Cluster, release: Release
+    cluster: LocalCluster, release: Release
 ) -> None:
     selector = f"app.kubernetes.io/instance={release.name}"
 
@@ -236,7 +238,7 @@ def test_operator_pod_is_admitted_under_pod_security_restricted(
 
 
 def test_service_account_holds_exactly_the_golden_permissions(
-    cluster: Cluster, release: Release
+    cluster: LocalCluster, release: Release
 ) -> None:
     granted = golden_attributes(release)
     allowed = access_reviews(cluster, release, granted + DENIED)
@@ -274,7 +276,7 @@ USER_ACCESS = {
 }
 
 
-def can_i(cluster: Cluster, user: str, namespace: str, verb: str, subresource: str) -> bool:
+def can_i(cluster: LocalCluster, user: str, namespace: str, verb: str, subresource: str) -> bool:
     """`kubectl auth can-i` on trainingjobs as ``user``: the API server's authorizer answers."""
     sub = [f"--subresource={subresource}"] if subresource else []
     out = cluster.kubectl(
@@ -285,7 +287,7 @@ def can_i(cluster: Cluster, user: str, namespace: str, verb: str, subresource: s
 
 
 def test_namespace_editors_run_trainingjobs_and_viewers_read_them(
-    cluster: Cluster, release: Release
+    cluster: LocalCluster, release: Release
 ) -> None:
     """The chart's user roles reach the built-in edit/view roles through aggregation."""
     with fresh_namespace(cluster) as namespace:
@@ -318,7 +320,7 @@ def test_namespace_editors_run_trainingjobs_and_viewers_read_them(
         assert not can_i(cluster, users["edit"], elsewhere, "create", "")
 
 
-def sa_kubeconfig(cluster: Cluster, release: Release, path: Path) -> Path:
+def sa_kubeconfig(cluster: LocalCluster, release: Release, path: Path) -> Path:
     """A kubeconfig that logs in with a token of the release's service account."""
     token = cluster.kubectl(
         "create", "token", release.fullname, "-n", release.namespace, "--duration=10m"
@@ -367,7 +369,7 @@ def cpu_job(name: str) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_operator_works_with_the_chart_rbac_and_uninstall_leaves_nothing(
-    cluster: Cluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path
 ) -> None:
     with (
         restricted_namespace(cluster) as home,

@@ -27,7 +27,7 @@ from e2e.cluster.api import WaitTimeoutError, wait_for
 from elastra.kube.client import Kube, RetryPolicy
 from elastra.kube.config import load_connection
 from tests.cases.specs import base_manifest
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 from tests.integration.operator.conftest import OperatorProcess
 
 PLUGIN = """#!{python}
@@ -45,7 +45,7 @@ print(json.dumps({{"apiVersion": info["apiVersion"], "kind": "ExecCredential", "
 """
 
 
-def exec_kubeconfig(cluster: Cluster, tmp_path: Path) -> tuple[Path, Path]:
+def exec_kubeconfig(cluster: LocalCluster, tmp_path: Path) -> tuple[Path, Path]:
     """A kubeconfig for the test cluster whose user is an exec plugin; and its call counter."""
     admin: dict[str, Any] = yaml.safe_load(cluster.kubeconfig.read_text())
     state = tmp_path / "plugin-calls"
@@ -88,7 +88,7 @@ def elastra(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_status_logs_in_through_an_exec_plugin(
-    cluster: Cluster, namespace: str, tmp_path: Path
+    cluster: LocalCluster, namespace: str, tmp_path: Path
 ) -> None:
     cluster.apply(base_manifest("plugged"), namespace=namespace)
     kubeconfig, calls = exec_kubeconfig(cluster, tmp_path)
@@ -100,7 +100,7 @@ def test_status_logs_in_through_an_exec_plugin(
     assert calls.read_text() == "1"  # one run served both requests (job and events)
 
 
-def test_unreachable_server_is_one_line(cluster: Cluster, tmp_path: Path) -> None:
+def test_unreachable_server_is_one_line(cluster: LocalCluster, tmp_path: Path) -> None:
     kubeconfig, _ = exec_kubeconfig(cluster, tmp_path)
     config = yaml.safe_load(kubeconfig.read_text())
     with socket.socket() as probe:
@@ -125,7 +125,7 @@ once, no 504 to retry). A larger gap is tried only when such writes caught up wi
 
 
 def test_too_large_resource_version_is_retried(
-    cluster: Cluster, namespace: str, caplog: pytest.LogCaptureFixture
+    cluster: LocalCluster, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="elastra.kube")
     connection = load_connection(str(cluster.kubeconfig))
@@ -167,7 +167,7 @@ def test_too_large_resource_version_is_retried(
 
 
 def test_operator_and_kopf_log_in_through_the_exec_plugin(
-    cluster: Cluster, namespace: str, tmp_path: Path
+    cluster: LocalCluster, namespace: str, tmp_path: Path
 ) -> None:
     """Kopf's watch sees the job (login handler) and Elastra's client writes its status."""
     kubeconfig, calls = exec_kubeconfig(cluster, tmp_path)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from e2e.cluster.api import wait_for
 
-from tests.integration.conftest import Cluster, fresh_namespace
+from tests.integration.conftest import LocalCluster, fresh_namespace
 from tests.integration.operator.conftest import OperatorProcess
 from tests.integration.test_helm_install import (
     Release,
@@ -33,7 +33,7 @@ METRICS_PORT = 9400  # OperatorSettings.metrics_port
 
 @pytest.fixture
 def start_operator(
-    cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch
+    cluster: LocalCluster, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[..., OperatorProcess]]:
     """Starts ``elastra run`` on ``namespace``, told where its own pods run (as the chart tells
     it), with more arguments; stopped (its log printed) at the end."""
@@ -53,17 +53,17 @@ def start_operator(
         print("\n".join(["--- operator log (last 40 lines) ---", *proc.lines[-40:]]))
 
 
-def live_pods(cluster: Cluster, namespace: str, job: str) -> list[dict[str, Any]]:
+def live_pods(cluster: LocalCluster, namespace: str, job: str) -> list[dict[str, Any]]:
     pods = cluster.get("pods", "-n", namespace, "-l", f"elastra.dev/job={job}")["items"]
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
-def policies(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
+def policies(cluster: LocalCluster, namespace: str) -> list[dict[str, Any]]:
     return list(cluster.get("networkpolicies", "-n", namespace)["items"])
 
 
 def test_the_job_gets_one_policy_owned_by_it_and_kept_across_resizes(
-    cluster: Cluster, namespace: str, start_operator: Callable[..., OperatorProcess]
+    cluster: LocalCluster, namespace: str, start_operator: Callable[..., OperatorProcess]
 ) -> None:
     start_operator()
     cluster.apply(cpu_job("np"), namespace=namespace)
@@ -138,7 +138,7 @@ def test_the_job_gets_one_policy_owned_by_it_and_kept_across_resizes(
 
 
 def test_switched_off_the_operator_creates_no_policy(
-    cluster: Cluster, namespace: str, start_operator: Callable[..., OperatorProcess]
+    cluster: LocalCluster, namespace: str, start_operator: Callable[..., OperatorProcess]
 ) -> None:
     start_operator("--no-network-policy")
     cluster.apply(cpu_job("open"), namespace=namespace)
@@ -171,7 +171,7 @@ def namespaced_attributes(watched: str, other: str) -> list[tuple[dict[str, str]
     return cases
 
 
-def test_an_operator_limited_to_one_namespace_writes_pods_only_there(cluster: Cluster) -> None:
+def test_an_operator_limited_to_one_namespace_writes_pods_only_there(cluster: LocalCluster) -> None:
     with (
         restricted_namespace(cluster) as home,
         fresh_namespace(cluster) as watched,
@@ -189,7 +189,9 @@ def test_an_operator_limited_to_one_namespace_writes_pods_only_there(cluster: Cl
         assert _can_i(cluster, release, "create", "pods", "kube-system") == "no"
 
 
-def _can_i(cluster: Cluster, release: Release, verb: str, resource: str, namespace: str) -> str:
+def _can_i(
+    cluster: LocalCluster, release: Release, verb: str, resource: str, namespace: str
+) -> str:
     """`kubectl auth can-i` as the release's service account: yes or no."""
     out = cluster.kubectl(
         "auth", "can-i", verb, resource, "-n", namespace, f"--as={release.user}", check=False

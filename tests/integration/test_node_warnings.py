@@ -21,7 +21,7 @@ from elastra.controller.engine.nodewarnings import warn
 from elastra.kube.client import Kube
 from elastra.kube.config import load_connection
 from elastra.planner.inventory import MIG_PARTITIONED, UNKNOWN_GPU_TYPE
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 
 SETTLE_S = 60.0
 
@@ -45,7 +45,7 @@ def kwok_node(name: str, labels: dict[str, str], allocatable: dict[str, str]) ->
 
 
 @pytest.fixture
-def nodes(cluster: Cluster) -> Iterator[dict[str, str]]:
+def nodes(cluster: LocalCluster) -> Iterator[dict[str, str]]:
     """An RTX node (no known type), a MIG node and an H100 node: name -> what they are."""
     tag = uuid.uuid4().hex[:6]
     made = {
@@ -88,7 +88,7 @@ def ready(node: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def node_events(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+def node_events(cluster: LocalCluster, name: str) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = cluster.get(
         "events",
         "-n",
@@ -98,7 +98,7 @@ def node_events(cluster: Cluster, name: str) -> list[dict[str, Any]]:
     return [e for e in found if e.get("source", {}).get("component") == "elastra-operator"]
 
 
-def test_each_unplannable_node_is_warned_once(cluster: Cluster, nodes: dict[str, str]) -> None:
+def test_each_unplannable_node_is_warned_once(cluster: LocalCluster, nodes: dict[str, str]) -> None:
     listed = tuple({**n, "kind": "Node"} for n in cluster.get("nodes")["items"])
     excluded = [n for n in node_inventory(listed).excluded if n.name in nodes]
     assert {n.name: n.category for n in excluded} == {

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.cluster import Layout, down, is_up, up
+from e2e.cluster import ClusterDirs, down, is_up, up
 from e2e.cluster.api import wait_for
 from e2e.cluster.components import REAL_NODE_POD_CIDR
 from e2e.cluster.state import State
@@ -75,8 +75,8 @@ open("/dev/termination-log", "w").write(body["gitVersion"])
 """
 
 
-class Kube:
-    def __init__(self, layout: Layout, bindir: Path, namespace: str) -> None:
+class NodeKubectl:
+    def __init__(self, layout: ClusterDirs, bindir: Path, namespace: str) -> None:
         self.kubeconfig = layout.kubeconfig
         self.kubectl_bin = bindir / "kubectl"
         self.namespace = namespace
@@ -140,12 +140,12 @@ def _message(pod: dict[str, Any]) -> str:
     return str((state.get("terminated") or {}).get("message", ""))
 
 
-def _borrowable() -> Layout | None:
+def _borrowable() -> ClusterDirs | None:
     """A running cluster with the machine's real node that a person started (owner "")."""
     holder = claim_holder()
     if holder is None:
         return None
-    layout = Layout(holder)
+    layout = ClusterDirs(holder)
     state = State.load(layout)
     if state is None or state.owner or not state.real_node or not is_up(layout):
         return None
@@ -153,9 +153,9 @@ def _borrowable() -> Layout | None:
 
 
 @pytest.fixture(scope="module")
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeKubectl]:
     borrowed = _borrowable()
-    layout = borrowed or Layout(tmp_path_factory.mktemp("real-node-cluster"))
+    layout = borrowed or ClusterDirs(tmp_path_factory.mktemp("real-node-cluster"))
     if borrowed is None:
         up(layout, fleet=None, owner=f"pid:{os.getpid()}", real_node=True, images=("python",))
     else:
@@ -163,7 +163,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
     state = State.load(layout)
     assert state is not None
     namespace = f"real-node-{uuid.uuid4().hex[:8]}"
-    kube = Kube(layout, Path(state.bindir), namespace)
+    kube = NodeKubectl(layout, Path(state.bindir), namespace)
     try:
         kube.kubectl("create", "namespace", namespace)
         wait_for(
@@ -179,7 +179,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
             kube.kubectl("delete", "namespace", namespace, "--wait=false")
 
 
-def test_pod_runs_with_an_ip(kube: Kube) -> None:
+def test_pod_runs_with_an_ip(kube: NodeKubectl) -> None:
     started = time.monotonic()
     kube.run_pod("sleeper", "import time; time.sleep(3600)")
     pod = kube.wait_phase("sleeper", {"Running"})
@@ -189,7 +189,7 @@ def test_pod_runs_with_an_ip(kube: Kube) -> None:
     print(f"pod Running with IP {ip} after {time.monotonic() - started:.1f}s")
 
 
-def test_two_pods_reach_each_other_over_tcp(kube: Kube) -> None:
+def test_two_pods_reach_each_other_over_tcp(kube: NodeKubectl) -> None:
     kube.run_pod("server", SERVER)
     server = kube.wait_phase("server", {"Running"})
     kube.run_pod("client", CLIENT, server["status"]["podIP"])
@@ -199,14 +199,14 @@ def test_two_pods_reach_each_other_over_tcp(kube: Kube) -> None:
     assert _message(client) == "pong server ping"
 
 
-def test_pod_reaches_the_api_server_through_its_service(kube: Kube) -> None:
+def test_pod_reaches_the_api_server_through_its_service(kube: NodeKubectl) -> None:
     kube.run_pod("apicheck", API)
     pod = kube.wait_phase("apicheck", {"Succeeded", "Failed"})
     assert pod["status"]["phase"] == "Succeeded", pod["status"]
     assert _message(pod).startswith("v1.")
 
 
-def test_pod_finds_another_by_its_dns_name_before_it_is_ready(kube: Kube) -> None:
+def test_pod_finds_another_by_its_dns_name_before_it_is_ready(kube: NodeKubectl) -> None:
     service = {
         "apiVersion": "v1",
         "kind": "Service",

@@ -27,7 +27,7 @@ from e2e.cluster.api import wait_for
 from elastra.planner.eligibility import fit_reason
 from elastra.planner.inventory import parse_inventory
 from elastra.planner.scheduling import PodConstraints
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 from tests.integration.scheduling_cases import ROLE_LABEL, RUN_LABEL, Case, cases
 
 CASES = 200
@@ -37,7 +37,7 @@ TRANSIENT_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreacha
 
 
 @pytest.fixture
-def run(cluster: Cluster) -> Iterator[str]:
+def run(cluster: LocalCluster) -> Iterator[str]:
     """A run id for node names and labels; the run's nodes are deleted afterwards."""
     run_id = uuid.uuid4().hex[:6]
     try:
@@ -46,14 +46,14 @@ def run(cluster: Cluster) -> Iterator[str]:
         cluster.kubectl("delete", "nodes", "-l", f"{RUN_LABEL}={run_id}", check=False)
 
 
-def _create(cluster: Cluster, objects: list[dict[str, Any]], *, namespace: str = "") -> None:
+def _create(cluster: LocalCluster, objects: list[dict[str, Any]], *, namespace: str = "") -> None:
     where = ["-n", namespace] if namespace else []
     for start in range(0, len(objects), 100):
         batch = {"apiVersion": "v1", "kind": "List", "items": objects[start : start + 100]}
         cluster.kubectl("create", *where, "-f", "-", stdin=json.dumps(batch))
 
 
-def _listed(cluster: Cluster, kind: str, selector: str, namespace: str = "") -> list[Any]:
+def _listed(cluster: LocalCluster, kind: str, selector: str, namespace: str = "") -> list[Any]:
     where = ["-n", namespace] if namespace else []
     return list(cluster.get(kind, *where, "-l", selector)["items"])
 
@@ -97,7 +97,7 @@ def _show(case: Case, scheduler: str, planner: str, node: dict[str, Any]) -> str
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_planner_fits_exactly_where_kube_scheduler_binds(
-    cluster: Cluster, namespace: str, run: str, seed: int
+    cluster: LocalCluster, namespace: str, run: str, seed: int
 ) -> None:
     generated = cases(seed, CASES, run=run)
     _create(cluster, [c.node for c in generated])

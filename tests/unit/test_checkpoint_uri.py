@@ -11,7 +11,7 @@ import yaml
 from elastra.api import parse_trainingjob
 from elastra.controller.decide.manifests import RankSpec, assignment_json
 from elastra.controller.settings import OperatorSettings
-from elastra_worker.assignment import Plan, parse_assignment
+from elastra_worker.assignment import ParallelPlan, parse_assignment
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "cpu-tiny.yaml"
 
@@ -20,7 +20,7 @@ def wire(checkpoint: dict[str, Any]) -> dict[str, Any]:
     body = yaml.safe_load(EXAMPLE.read_text())
     body["spec"]["checkpoint"] = checkpoint
     job = parse_trainingjob(body)
-    rank = RankSpec(rank=0, world_size=1, master_addr="w0", plan=Plan(dp=1))
+    rank = RankSpec(rank=0, world_size=1, master_addr="w0", plan=ParallelPlan(dp=1))
     text = assignment_json(job, version=1, rank=rank, stop=False, settings=OperatorSettings())
     return dict(json.loads(text))
 

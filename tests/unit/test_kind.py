@@ -95,7 +95,7 @@ def test_the_description_round_trips(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_dockerd_leaves_the_hosts_firewall_and_forwarding_alone(tmp_path: Path) -> None:
-    layout = dockerd.Layout(tmp_path / "data", tmp_path / "run")
+    layout = dockerd.DockerdDirs(tmp_path / "data", tmp_path / "run")
     argv = dockerd.dockerd_argv(layout, Path("/opt/runcwrap"))
     for flag in ("--iptables=false", "--ip-forward=false", "--ip-masq=false", "--bridge=none"):
         assert flag in argv
@@ -105,7 +105,7 @@ def test_dockerd_leaves_the_hosts_firewall_and_forwarding_alone(tmp_path: Path) 
 
 
 def test_a_pidfile_of_another_process_is_not_the_daemon(tmp_path: Path) -> None:
-    layout = dockerd.Layout(tmp_path / "data", tmp_path / "run")
+    layout = dockerd.DockerdDirs(tmp_path / "data", tmp_path / "run")
     layout.run.mkdir(parents=True)
     assert dockerd.read_pid(layout) is None
     layout.pidfile.write_text(f"{os.getpid()}\n")  # pytest, not dockerd

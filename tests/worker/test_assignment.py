@@ -12,8 +12,8 @@ import pytest
 from elastra_worker.assignment import (
     Assignment,
     AssignmentError,
-    CheckpointSpec,
-    Plan,
+    CheckpointPolicy,
+    ParallelPlan,
     RankCoord,
     assignment_from_env,
     default_coords,
@@ -58,7 +58,7 @@ def test_full_plan_round_trips() -> None:
     """Every plan field the operator writes (uneven shares, interleaved pipeline stages,
     every rank's coordinates) comes back equal through the wire."""
     coords = default_coords(2, 2, 2)
-    plan = Plan(
+    plan = ParallelPlan(
         dp=2,
         tp=2,
         pp=2,
@@ -80,7 +80,7 @@ def test_full_plan_round_trips() -> None:
         master_port=29505,
         plan=plan,
         global_batch_size=32,
-        checkpoint=CheckpointSpec(path="/ckpt"),
+        checkpoint=CheckpointPolicy(path="/ckpt"),
         local_world_size=4,
         consistency="data",
     )
@@ -93,19 +93,21 @@ def test_full_plan_round_trips() -> None:
 @pytest.mark.parametrize(
     ("plan", "written"),
     [
-        (Plan(dp=4, batch_shares=(8, 8, 8, 8)), {"dp": 4}),
+        (ParallelPlan(dp=4, batch_shares=(8, 8, 8, 8)), {"dp": 4}),
         (
-            Plan(dp=1, pp=2, virtual_stages=2, schedule="interleaved1f1b", batch_shares=(32,)),
+            ParallelPlan(
+                dp=1, pp=2, virtual_stages=2, schedule="interleaved1f1b", batch_shares=(32,)
+            ),
             {"dp": 1, "pp": 2, "virtualStages": 2},
         ),
         (
-            Plan(dp=1, pp=2, schedule="gpipe", sharding="full", batch_shares=(32,)),
+            ParallelPlan(dp=1, pp=2, schedule="gpipe", sharding="full", batch_shares=(32,)),
             {"dp": 1, "pp": 2, "schedule": "gpipe", "sharding": "full"},
         ),
     ],
 )
 def test_the_plan_is_written_without_what_the_reader_assumes(
-    plan: Plan, written: dict[str, Any]
+    plan: ParallelPlan, written: dict[str, Any]
 ) -> None:
     """Plan and checkpoint fields at their defaults stay out of the annotation (every pod write
     and watch event carries it); the top level is whole; parsing gives the same assignment."""
@@ -118,7 +120,7 @@ def test_the_plan_is_written_without_what_the_reader_assumes(
         master_port=29501,
         plan=plan,
         global_batch_size=32,
-        checkpoint=CheckpointSpec(path="/ckpt", interval_seconds=600),
+        checkpoint=CheckpointPolicy(path="/ckpt", interval_seconds=600),
     )
     text = a.to_json()
     decoded = json.loads(text)

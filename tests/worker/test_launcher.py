@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from elastra_worker import exitcodes
-from elastra_worker.assignment import Plan, RankCoord, parse_assignment
+from elastra_worker.assignment import ParallelPlan, RankCoord, parse_assignment
 from elastra_worker.launcher import _Pod
 
 from .conftest import quiet_env, wait_for
@@ -73,7 +73,7 @@ def py(code: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(code)]
 
 
-def read_plan(plan: dict[str, Any], world_size: int, *, global_batch: int) -> Plan:
+def read_plan(plan: dict[str, Any], world_size: int, *, global_batch: int) -> ParallelPlan:
     """A recorded ``plan`` as the trainer read it (what the wire leaves out filled in)."""
     wire = {"job": "t", "worldVersion": 1, "worldSize": world_size, "masterAddr": "m",
             "masterPort": 1, "rank": 0, "plan": plan, "globalBatchSize": global_batch,

@@ -11,7 +11,7 @@ import pytest
 
 from elastra_worker.assignment import Consistency, RankCoord, parse_assignment, plan_to_wire
 from elastra_worker.schedule import (
-    ModelShape,
+    ModelBounds,
     PlanSpec,
     Segment,
     check_plans,
@@ -156,10 +156,10 @@ def test_plan_for_is_the_operators_plan_and_round_trips() -> None:
     assert default.schedule == "1f1b"
 
 
-MODEL = ModelShape(layers=4, attention_heads=8, kv_heads=2)
+MODEL = ModelBounds(layers=4, attention_heads=8, kv_heads=2)
 PLAN_BAD = [
     ("4:0,4:5:tp=4", MODEL, "bitwise", "'4:5:tp=4': tp=4 does not divide the model's kvHeads 2"),
-    ("8:0:tp=8", ModelShape(4, 12), "none", "'8:0:tp=8': tp=8 does not divide the model's "
+    ("8:0:tp=8", ModelBounds(4, 12), "none", "'8:0:tp=8': tp=8 does not divide the model's "
      "attentionHeads 12"),
     ("8:0:pp=8", MODEL, "none", "'8:0:pp=8': pp*vpp = 8 stages but the model has 4 layers"),
     ("4:0:pp=2/vpp=4", MODEL, "none", "'4:0:pp=2/vpp=4': pp*vpp = 8 stages"),
@@ -171,7 +171,7 @@ PLAN_BAD = [
 
 @pytest.mark.parametrize(("text", "model", "consistency", "error"), PLAN_BAD)
 def test_plans_the_trainer_cannot_run_are_refused(
-    text: str, model: ModelShape | None, consistency: Consistency, error: str
+    text: str, model: ModelBounds | None, consistency: Consistency, error: str
 ) -> None:
     schedule = parse_schedule(text, 10)
     with pytest.raises(ValueError) as info:
@@ -188,8 +188,8 @@ def test_model_is_read_from_the_trainer_command(tmp_path: Path) -> None:
     spec = tmp_path / "model.yaml"
     spec.write_text("layers: 6\nhiddenSize: 64\nattentionHeads: 4\nvocabSize: 100\n")
     cmd = ["python", "-m", "elastra_worker.train", "--model", str(spec)]
-    assert model_from_command(cmd) == ModelShape(layers=6, attention_heads=4)
-    assert model_from_command(["python", "t.py", f"--model={spec}"]) == ModelShape(6, 4)
+    assert model_from_command(cmd) == ModelBounds(layers=6, attention_heads=4)
+    assert model_from_command(["python", "t.py", f"--model={spec}"]) == ModelBounds(6, 4)
     assert model_from_command(["python", "t.py"]) is None
     with pytest.raises(ValueError, match=r"--model .*missing.yaml: cannot read it"):
         model_from_command(["x", "--model", str(tmp_path / "missing.yaml")])

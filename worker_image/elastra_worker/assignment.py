@@ -123,7 +123,7 @@ def default_schedule(pp: int, virtual_stages: int) -> Schedule:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ParallelPlan:
     """The parallel plan, whole: everything a worker needs to build the layout the planner placed.
 
     ``batch_shares`` has one entry per data-parallel replica (sequences per step). ``ranks``
@@ -157,7 +157,7 @@ class Plan:
 
 
 @dataclass(frozen=True)
-class CheckpointSpec:
+class CheckpointPolicy:
     """Where and how often the job checkpoints.
 
     ``uri`` (``s3://bucket/prefix``), when set, is where the Session checkpoints (an object
@@ -181,9 +181,9 @@ class Assignment:
     world_size: int
     master_addr: str
     master_port: int
-    plan: Plan
+    plan: ParallelPlan
     global_batch_size: int
-    checkpoint: CheckpointSpec
+    checkpoint: CheckpointPolicy
     local_world_size: int = 1
     consistency: Consistency = "none"
     seed: int = 0
@@ -208,7 +208,7 @@ class Assignment:
         return json.dumps(to_wire(self), sort_keys=True, separators=(",", ":"))
 
 
-def plan_to_wire(plan: Plan) -> dict[str, Any]:
+def plan_to_wire(plan: ParallelPlan) -> dict[str, Any]:
     """The ``plan`` object of the wire format."""
     return {
         "dp": plan.dp,
@@ -228,7 +228,7 @@ def plan_to_wire(plan: Plan) -> dict[str, Any]:
     }
 
 
-def compact_plan_to_wire(plan: Plan) -> dict[str, Any]:
+def compact_plan_to_wire(plan: ParallelPlan) -> dict[str, Any]:
     """``plan_to_wire`` without what the reader derives: no ``ranks`` when the plan has none
     (the default order), no ``batchShares`` when they are equal (an even split), and no field
     that holds the value the reader assumes when it is absent.
@@ -473,7 +473,7 @@ def _parse_stages(raw: Mapping[str, Any], count: int) -> tuple[StageLayers, ...]
     return tuple(stages)
 
 
-def _parse_plan(raw: Mapping[str, Any], world_size: int, global_batch: int) -> Plan:
+def _parse_plan(raw: Mapping[str, Any], world_size: int, global_batch: int) -> ParallelPlan:
     dp = _positive(_get(raw, "dp", int, "plan.", max(world_size, 1)), "plan.dp")
     tp, pp = _defaulted(raw, "tp", _PLAN), _defaulted(raw, "pp", _PLAN)
     mbs = _defaulted(raw, "microBatchSize", _PLAN)
@@ -501,7 +501,7 @@ def _parse_plan(raw: Mapping[str, Any], world_size: int, global_batch: int) -> P
         raise AssignmentError(f"plan.virtualStages: {vpp} is above the bound {MAX_RANKS}")
     if vpp > 1 and pp == 1:
         raise AssignmentError(f"plan.virtualStages: {vpp} needs pp > 1 (pp is 1)")
-    return Plan(
+    return ParallelPlan(
         dp=dp,
         tp=tp,
         pp=pp,
@@ -548,7 +548,7 @@ def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
     if gpus > MAX_GPUS:
         raise AssignmentError(f"gpus: {gpus} is above the bound {MAX_GPUS}")
     ckpt_raw = _get(data, "checkpoint", dict, "", {})
-    checkpoint = CheckpointSpec(
+    checkpoint = CheckpointPolicy(
         path=_checkpoint_path(ckpt_raw),
         interval_seconds=_defaulted(ckpt_raw, "intervalSeconds", _CHECKPOINT, check=_nonneg),
         keep=_defaulted(ckpt_raw, "keep", _CHECKPOINT),
@@ -566,7 +566,7 @@ def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
             world_size=0,
             master_addr="",
             master_port=0,
-            plan=Plan(dp=1),
+            plan=ParallelPlan(dp=1),
             global_batch_size=max(global_batch, 0),
             checkpoint=checkpoint,
             consistency=consistency,

@@ -15,12 +15,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from .assignment import Plan, RankCoord
+from .assignment import ParallelPlan, RankCoord
 
 MESH_DIMS = ("dp", "pp", "tp")
 
 
-def mesh_ranks(plan: Plan) -> torch.Tensor:
+def mesh_ranks(plan: ParallelPlan) -> torch.Tensor:
     """The global rank at every (dp, pp, tp) coordinate, as a (dp, pp, tp) integer tensor."""
     grid = torch.full((plan.dp, plan.pp, plan.tp), -1, dtype=torch.int64)
     for rank in range(plan.dp * plan.pp * plan.tp):
@@ -35,7 +35,7 @@ def mesh_ranks(plan: Plan) -> torch.Tensor:
 class Mesh:
     """This rank's mesh and coordinates; ``device_mesh`` is ``None`` for pure data parallel."""
 
-    plan: Plan
+    plan: ParallelPlan
     coord: RankCoord
     device_mesh: DeviceMesh | None
 
@@ -58,12 +58,12 @@ class Mesh:
         return self.device_mesh[name]
 
 
-def needs_mesh(plan: Plan) -> bool:
+def needs_mesh(plan: ParallelPlan) -> bool:
     """Pure replicated data parallel runs without a mesh (the world group is the dp group)."""
     return plan.tp > 1 or plan.pp > 1 or plan.sharding != "none"
 
 
-def build_mesh(plan: Plan, rank: int, device: torch.device) -> Mesh:
+def build_mesh(plan: ParallelPlan, rank: int, device: torch.device) -> Mesh:
     """Collective over the world: every rank must call it with the same plan."""
     coord = plan.coord(rank)
     if not needs_mesh(plan):

@@ -26,7 +26,7 @@ from .assignment import (
     RECOMPUTES,
     SHARDINGS,
     Consistency,
-    Plan,
+    ParallelPlan,
     Recompute,
     Sharding,
     default_coords,
@@ -208,7 +208,7 @@ def even_shares(global_batch: int, dp: int, micro: int) -> list[int]:
     return [(base + (1 if r < rest else 0)) * micro for r in range(dp)]
 
 
-def plan_for(seg: Segment, *, global_batch: int, micro_batch: int) -> Plan:
+def plan_for(seg: Segment, *, global_batch: int, micro_batch: int) -> ParallelPlan:
     """The plan the operator would place for ``seg``: the default rank order, even shares.
 
     ``stages`` stays empty: the trainer splits the layers itself (``split_layers``).
@@ -216,7 +216,7 @@ def plan_for(seg: Segment, *, global_batch: int, micro_batch: int) -> Plan:
     p = seg.plan
     dp = seg.size // (p.tp * p.pp)
     mb = p.mb or micro_batch
-    return Plan(
+    return ParallelPlan(
         dp=dp,
         tp=p.tp,
         pp=p.pp,
@@ -231,7 +231,7 @@ def plan_for(seg: Segment, *, global_batch: int, micro_batch: int) -> Plan:
 
 
 @dataclass(frozen=True)
-class ModelShape:
+class ModelBounds:
     """The parts of a TrainingJob's ``spec.model`` that bound a plan."""
 
     layers: int
@@ -239,7 +239,7 @@ class ModelShape:
     kv_heads: int | None = None
 
 
-def model_from_command(command: Sequence[str]) -> ModelShape | None:
+def model_from_command(command: Sequence[str]) -> ModelBounds | None:
     """The model of ``--model FILE`` in the trainer's command (the reference trainer), if any.
 
     FILE is YAML with the TrainingJob ``spec.model`` names (``layers``, ``attentionHeads``,
@@ -275,7 +275,7 @@ def model_from_command(command: Sequence[str]) -> ModelShape | None:
 
     layers, heads = num("layers"), num("attentionHeads")
     assert layers is not None and heads is not None
-    return ModelShape(layers=layers, attention_heads=heads, kv_heads=num("kvHeads", False))
+    return ModelBounds(layers=layers, attention_heads=heads, kv_heads=num("kvHeads", False))
 
 
 def check_plans(
@@ -284,7 +284,7 @@ def check_plans(
     global_batch: int,
     micro_batch: int,
     consistency: Consistency,
-    model: ModelShape | None,
+    model: ModelBounds | None,
 ) -> None:
     """Refuse, naming the entry, every plan the trainer could not run (before anything starts)."""
     for seg in schedule:

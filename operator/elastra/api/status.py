@@ -152,7 +152,7 @@ class PlanStatus(StatusModel):
     )
 
 
-class RankPlacement(StatusModel):
+class PodPlacementStatus(StatusModel):
     """Where one rank group (one pod) runs."""
 
     rank: int = Field(ge=0, description="Global rank of the pod's first trainer.")
@@ -244,7 +244,7 @@ class TrainingJobStatus(StatusModel):
     )
     world: WorldStatus = Field(default_factory=WorldStatus)
     plan: PlanStatus | None = None
-    placement: list[RankPlacement] = Field(
+    placement: list[PodPlacementStatus] = Field(
         default_factory=list, max_length=4096, description="Where each rank group runs."
     )
     progress: ProgressStatus = Field(default_factory=ProgressStatus)

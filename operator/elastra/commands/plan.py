@@ -30,7 +30,14 @@ from elastra.commands.run import parse_toleration
 from elastra.controller.decide.manifests import worker_constraints
 from elastra.controller.settings import OperatorSettings
 from elastra.errors import UserError
-from elastra.planner import Inventory, Plan, PlanResult, parse_inventory, plan_job, result_to_dict
+from elastra.planner import (
+    Inventory,
+    JobPlan,
+    PlanResult,
+    parse_inventory,
+    plan_job,
+    result_to_dict,
+)
 from elastra.planner.catalog import CPU_TYPE
 from elastra.planner.eligibility import eligible
 from elastra.planner.fromspec import check_gpu_types, requirements_from_spec
@@ -174,7 +181,7 @@ def _nodes(inventory: Inventory) -> list[str]:
     return lines
 
 
-def _peak_memory(plan: Plan) -> str:
+def _peak_memory(plan: JobPlan) -> str:
     """``peak 28.5 GiB/GPU``; per type when a mix's types need different amounts (a type whose
     replicas run fewer micro-batches than ``pp`` holds fewer in flight)."""
     peak = f"peak {plan.predicted.peak_memory_gib:.1f} GiB/GPU"
@@ -184,7 +191,7 @@ def _peak_memory(plan: Plan) -> str:
     return peak + " (" + ", ".join(f"{name} {need}" for name, need in needs) + ")"
 
 
-def _describe(plan: Plan) -> list[str]:
+def _describe(plan: JobPlan) -> list[str]:
     p = plan.predicted
     replicas = " + ".join(f"{s.replicas}x{s.gpu_type}" for s in plan.types)
     shares = ", ".join(
@@ -219,7 +226,7 @@ def _describe(plan: Plan) -> list[str]:
     return lines
 
 
-def _types(plan: Plan) -> str:
+def _types(plan: JobPlan) -> str:
     return " + ".join(f"{s.gpus} {s.gpu_type}" for s in plan.types)
 
 

@@ -10,13 +10,14 @@ from datetime import timedelta
 from typing import Any
 
 from elastra.api.formats import DNS_LABEL, SIZE, is_zero_size
-from elastra.controller.settings import OperatorSettings, PodPeer, Toleration
+from elastra.controller.settings import OperatorSettings, PodPeer
 from elastra.elastic.resize import ResizePolicy
 from elastra.elastic.share import Scope
 from elastra.errors import UserError
 from elastra.kube import resources
 from elastra.kube.client import Kube, RetryPolicy
 from elastra.kube.config import Connection, load_connection
+from elastra.planner.scheduling import PodToleration
 
 
 def register(sub: Any) -> None:
@@ -251,7 +252,7 @@ def metrics_peers(args: argparse.Namespace, namespace: str | None) -> tuple[PodP
     return (*own, *args.metrics_peer)
 
 
-def parse_toleration(text: str) -> Toleration:
+def parse_toleration(text: str) -> PodToleration:
     """``key[=value][:Effect]`` as ``kubectl taint`` writes taints."""
     body, _, effect = text.partition(":")
     key, has_value, value = body.partition("=")
@@ -261,7 +262,8 @@ def parse_toleration(text: str) -> Toleration:
             f"--toleration {text!r}: expected KEY[=VALUE][:EFFECT] with EFFECT one of "
             "NoSchedule, PreferNoSchedule, NoExecute"
         )
-    return Toleration(key=key, value=value if has_value else None, effect=effect)
+    operator = "Equal" if has_value else "Exists"
+    return PodToleration(key=key, operator=operator, value=value, effect=effect)
 
 
 async def _check_reachable(connection: Connection) -> None:

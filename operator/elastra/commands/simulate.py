@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from elastra.errors import UserError
-from elastra.sim.engine import Faults
+from elastra.sim.engine import FaultRates
 from elastra.sim.experiment import run_policies
 from elastra.sim.fleet import load_cluster
 from elastra.sim.metrics import render_table
@@ -65,7 +65,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Check all input, simulate each policy, print (and plot); see the module docstring."""
     policies = _policies(args.policy)
-    faults = Faults(
+    faults = FaultRates(
         failures_per_gpu_hour=args.failures_per_gpu_hour,
         preemptions_per_gpu_hour=args.preemptions_per_gpu_hour,
         seed=args.seed,

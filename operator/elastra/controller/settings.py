@@ -12,21 +12,7 @@ from datetime import timedelta
 
 from elastra.elastic.resize import ResizePolicy
 from elastra.elastic.share import Scope
-
-
-@dataclass(frozen=True)
-class Toleration:
-    """A toleration added to every worker pod (e.g. for GPU nodes' taints)."""
-
-    key: str
-    value: str | None = None
-    effect: str = "NoSchedule"
-
-    def to_wire(self) -> dict[str, str]:
-        """The pod-spec form."""
-        if self.value is None:
-            return {"key": self.key, "operator": "Exists", "effect": self.effect}
-        return {"key": self.key, "operator": "Equal", "value": self.value, "effect": self.effect}
+from elastra.planner.scheduling import PodToleration
 
 
 @dataclass(frozen=True)
@@ -48,7 +34,7 @@ class OperatorSettings:
 
     namespace: str | None = None
     """Watch one namespace, or all when ``None``."""
-    tolerations: tuple[Toleration, ...] = ()
+    tolerations: tuple[PodToleration, ...] = ()
     """Extra tolerations for worker pods (the local kwok fleet needs one)."""
     resync: timedelta = timedelta(seconds=300)
     """Longest time between two passes over a job when nothing happens.

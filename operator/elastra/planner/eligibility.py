@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from elastra.planner.inventory import ExcludedNode, Inventory, NodeCapacity, gpus
 from elastra.planner.resources import CPU, NOTHING, Resources, room, shortfall
-from elastra.planner.scheduling import NO_SCHEDULE, PodConstraints, Toleration, refusal
+from elastra.planner.scheduling import NO_SCHEDULE, PodConstraints, PodToleration, refusal
 
 CPU_MILLIS_UNREQUESTED = 1000
 """The CPU the planner counts per pod of a CPU job that requests none (``fromspec``'s 1)."""
@@ -51,10 +51,10 @@ def is_extended(resource: str) -> bool:
     )
 
 
-def requested_toleration(resource: str) -> Toleration:
+def requested_toleration(resource: str) -> PodToleration:
     """What the ExtendedResourceToleration admission plugin adds to a pod requesting the
     extended ``resource``: its taint tolerated with any value, effect ``NoSchedule``."""
-    return Toleration(key=resource, operator="Exists", effect=NO_SCHEDULE)
+    return PodToleration(key=resource, operator="Exists", effect=NO_SCHEDULE)
 
 
 @dataclass(frozen=True)

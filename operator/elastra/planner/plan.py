@@ -1,16 +1,14 @@
 """Plans as immutable data, and their JSON form (the contract `elastra plan --output json`
 prints and external checks read).
 
-A ``Plan`` says which GPU types the job uses and how many, the parallel degrees, the
+A ``JobPlan`` says which GPU types the job uses and how many, the parallel degrees, the
 micro-batch, sharding and recomputation, each data-parallel replica's batch share, the
 predicted step, the rank -> pod -> node map and each pipeline stage's layers. A
 ``PlanResult`` ranks plans best first and says why the rest were rejected. Everything is
 frozen: the controller, simulator and CLI share plans as values.
 
-``worker_plan`` is the one translation of a placed plan into the worker's contract
-(``elastra_worker.assignment.Plan``): the operator writes it into every assignment and
-``plan_to_dict`` prints the same fields, so what ``elastra plan -o json`` shows is what the
-workers are told.
+``plan_to_dict`` prints the layout fields the workers are told, through the one road from a
+placed plan to the worker's ``ParallelPlan`` (``elastra.planner.record``).
 """
 
 from __future__ import annotations
@@ -22,14 +20,8 @@ from elastra.planner.catalog import GpuTypeName
 from elastra.planner.inventory import NodeName
 from elastra.planner.job import Recompute, Sharding
 from elastra.planner.perfmodel import StepPrediction
-from elastra_worker.assignment import Plan as WorkerPlan
-from elastra_worker.assignment import (
-    RankCoord,
-    StageLayers,
-    default_coords,
-    default_schedule,
-    plan_to_wire,
-)
+from elastra.planner.record import assignment_plan, plan_status
+from elastra_worker.assignment import StageLayers, plan_to_wire
 
 
 @dataclass(frozen=True)
@@ -82,7 +74,7 @@ class PodPlacement:
 
 
 @dataclass(frozen=True)
-class Plan:
+class JobPlan:
     """A ranked plan. ``types`` are ordered as data-parallel ranks are: fastest type first."""
 
     types: tuple[TypeShare, ...]
@@ -145,7 +137,7 @@ class Rejection:
 class PlanResult:
     """The outcome of planning: ranked plans (best first) or the reason none fits."""
 
-    plans: tuple[Plan, ...]
+    plans: tuple[JobPlan, ...]
     reason: str | None
     rejections: tuple[Rejection, ...]
     candidates: int
@@ -161,40 +153,18 @@ class PlanResult:
         return bool(self.plans)
 
 
-def worker_plan(plan: Plan) -> WorkerPlan:
-    """The plan as the worker's assignment carries it: everything to build the placed layout.
-
-    The one place a planner plan becomes the worker's contract (see the module docstring).
-    Ranks in the default order are left out (``ranks`` empty means that order to the worker):
-    the assignment rides in every pod's annotation, and for 64 ranks the list was 4 KB.
-    """
-    ranks = tuple(RankCoord(r.rank, r.dp_rank, r.tp_rank, r.pp_stage) for r in plan.ranks)
-    return WorkerPlan(
-        dp=plan.dp,
-        tp=plan.tp,
-        pp=plan.pp,
-        micro_batch_size=plan.micro_batch,
-        batch_shares=plan.batch_shares,
-        virtual_stages=plan.interleave,
-        schedule=default_schedule(plan.pp, plan.interleave),
-        sharding=plan.sharding,
-        recompute=plan.recompute,
-        ranks=() if ranks == default_coords(plan.dp, plan.tp, plan.pp) else ranks,
-        stages=plan.stages,
-    )
-
-
-def plan_to_dict(plan: Plan) -> dict[str, Any]:
+def plan_to_dict(plan: JobPlan) -> dict[str, Any]:
     """One plan in the JSON contract's shape.
 
     ``batchShares`` is per GPU type (its most loaded replica), ``replicaBatchShares`` per
     data-parallel replica; ``predicted.peakMemoryGiB`` is the most any GPU needs and
     ``predicted.peakMemoryGiBByType`` what a GPU of each type needs; ``placement`` extends the
     assignment's ``ranks`` with nodes and types. The other layout fields are the assignment's
-    ``plan`` fields, from ``worker_plan``.
+    ``plan`` fields, through the road the operator takes (``elastra.planner.record``).
     """
     predicted = plan.predicted
-    wire = plan_to_wire(worker_plan(plan))
+    layers = plan.stages[-1].stop if plan.stages else 0
+    wire = plan_to_wire(assignment_plan(plan_status(plan), layers=layers))
     return {
         "gpuTypes": {share.gpu_type: share.gpus for share in plan.types},
         "dp": wire["dp"],

@@ -67,7 +67,7 @@ CORDON = Taint(TAINT_UNSCHEDULABLE, effect=NO_SCHEDULE)
 
 
 @dataclass(frozen=True)
-class Toleration:
+class PodToleration:
     """A pod toleration as the API spells it (empty strings for fields left out)."""
 
     key: str = ""
@@ -84,6 +84,11 @@ class Toleration:
         if self.operator in ("", "Equal"):
             return self.value == taint.value
         return self.operator == "Exists"
+
+    def to_wire(self) -> dict[str, str]:
+        """The pod-spec form, fields left empty left out (as the API server reads them)."""
+        wire = {"key": self.key, "operator": self.operator, "value": self.value}
+        return {name: text for name, text in (*wire.items(), ("effect", self.effect)) if text}
 
 
 @dataclass(frozen=True)
@@ -175,7 +180,7 @@ class PodConstraints:
     """What the scheduler reads of a pod to judge a node: tolerations, node selector, required
     node affinity (``None``: none set), and the resources the pod requests."""
 
-    tolerations: tuple[Toleration, ...] = ()
+    tolerations: tuple[PodToleration, ...] = ()
     node_selector: tuple[tuple[str, str], ...] = ()
     required_terms: tuple[Term, ...] | None = None
     requests: Resources = NOTHING
@@ -251,7 +256,7 @@ def _affinity_miss(terms: Sequence[Term], node: NodeFacts) -> str:
     return "required node affinity: " + "; ".join(misses)
 
 
-def _tolerated(tolerations: Iterable[Toleration], taint: Taint) -> bool:
+def _tolerated(tolerations: Iterable[PodToleration], taint: Taint) -> bool:
     return any(t.tolerates(taint) for t in tolerations)
 
 
@@ -263,8 +268,8 @@ def _int64(text: str) -> int | None:
     return number if _INT64_MIN <= number <= _INT64_MAX else None
 
 
-def _toleration(raw: Mapping[str, Any]) -> Toleration:
-    return Toleration(
+def _toleration(raw: Mapping[str, Any]) -> PodToleration:
+    return PodToleration(
         key=str(raw.get("key") or ""),
         operator=str(raw.get("operator") or ""),
         value=str(raw.get("value") or ""),

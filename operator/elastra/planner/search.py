@@ -58,7 +58,7 @@ from elastra.planner.perfmodel import (
     usable_memory_gib,
 )
 from elastra.planner.placement import place
-from elastra.planner.plan import Plan, PlanResult, Rejection, TypeShare
+from elastra.planner.plan import JobPlan, PlanResult, Rejection, TypeShare
 from elastra_worker.assignment import split_layers
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -109,7 +109,7 @@ class _Rejections:
 class _Scored:
     key: tuple[float, ...]
     tiebreak: tuple[object, ...]
-    plan: Plan
+    plan: JobPlan
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ def evaluate_layout(
     return PlanResult((plan,), None, rejections.summary(), search.evaluated)
 
 
-def _shape(plan: Plan) -> tuple[object, ...]:
+def _shape(plan: JobPlan) -> tuple[object, ...]:
     """What makes two plans different enough to show both: types and GPUs, tp, pp."""
     return (tuple((s.gpu_type, s.gpus) for s in plan.types), plan.tp, plan.pp)
 
@@ -548,7 +548,7 @@ class _Search:
             )
             predicted = self._predict(model, loads, layout, dp_gbs=dp_gbs, peak=max(needs))
             shares = _type_shares(job, mix, counts, split, mb, memory=needs)
-            plan = Plan(
+            plan = JobPlan(
                 shares,
                 sum(replicas),
                 tp,
@@ -685,7 +685,7 @@ class _Search:
             breakdown=(("compute", step),),
         )
         shares = _type_shares(job, mix, counts, split, mb)
-        return self._score(Plan(shares, dp, 1, 1, mb, "none", "none", predicted))
+        return self._score(JobPlan(shares, dp, 1, 1, mb, "none", "none", predicted))
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -705,7 +705,7 @@ class _Search:
             self._slot_cache[key] = cached
         return cached
 
-    def _score(self, plan: Plan) -> _Scored:
+    def _score(self, plan: JobPlan) -> _Scored:
         tokens = plan.predicted.tokens_per_s
         if self.job.objective == "cost":
             key: tuple[float, ...] = (-plan.tokens_per_dollar, -tokens, float(plan.gpus))
@@ -887,7 +887,7 @@ def _type_shares(
     )
 
 
-def _with_placement(plan: Plan, pools: list[TypePool], job: JobRequirements) -> Plan:
+def _with_placement(plan: JobPlan, pools: list[TypePool], job: JobRequirements) -> JobPlan:
     """The plan with its pods, ranks and (with a model) each stage's layers."""
     nodes_by_type: dict[str, Sequence[NodeCapacity]] = {p.gpu.name: p.nodes for p in pools}
     slots = {name: count for pool in pools for name, count in pool.slots}

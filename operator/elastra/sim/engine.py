@@ -28,7 +28,7 @@ from enum import IntEnum
 from typing import Protocol
 
 from elastra.errors import UserError
-from elastra.sim.fleet import Cluster
+from elastra.sim.fleet import SimCluster
 from elastra.sim.metrics import SimResult, summarize
 from elastra.sim.models import ModelProfile, profile
 from elastra.sim.nodes import NodePool, Placement
@@ -37,7 +37,7 @@ from elastra.sim.trace import TraceJob
 
 
 @dataclass(frozen=True)
-class Faults:
+class FaultRates:
     """Injected failures and preemptions (rates per GPU-hour), seeded."""
 
     failures_per_gpu_hour: float = 0.0
@@ -145,18 +145,18 @@ class Simulation:
 
     def __init__(
         self,
-        cluster: Cluster,
+        cluster: SimCluster,
         jobs: Sequence[TraceJob],
         *,
         speed: SpeedModel,
         policy: Policy,
-        faults: Faults | None = None,
+        faults: FaultRates | None = None,
         source: str = "<trace>",
     ) -> None:
         self.cluster = cluster
         self.speed = speed
         self.policy = policy
-        self.faults = faults or Faults()
+        self.faults = faults or FaultRates()
         self.nodes = NodePool(cluster.inventory)
         self.jobs = [self._job(i, spec, source) for i, spec in enumerate(jobs)]
         self.now = 0.0

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from elastra.sim.engine import Faults, Simulation
-from elastra.sim.fleet import Cluster
+from elastra.sim.engine import FaultRates, Simulation
+from elastra.sim.fleet import SimCluster
 from elastra.sim.metrics import SimResult
 from elastra.sim.policies import make_policy
 from elastra.sim.speed import SpeedModel
@@ -17,11 +17,11 @@ from elastra.sim.trace import TraceJob
 
 
 def run_policies(
-    cluster: Cluster,
+    cluster: SimCluster,
     jobs: Sequence[TraceJob],
     policies: Sequence[str],
     *,
-    faults: Faults | None = None,
+    faults: FaultRates | None = None,
     source: str = "<trace>",
     speed: SpeedModel | None = None,
 ) -> tuple[SimResult, ...]:

@@ -44,7 +44,7 @@ _GROUP_FIELDS = {
 
 
 @dataclass(frozen=True)
-class Cluster:
+class SimCluster:
     """What the simulator runs on: a name and the planner's inventory of GPU nodes."""
 
     name: str
@@ -56,7 +56,7 @@ class Cluster:
         return sum(n.free_gpus for n in self.inventory.nodes if not n.gpu_type.is_cpu)
 
 
-def load_cluster(path: str | Path) -> Cluster:
+def load_cluster(path: str | Path) -> SimCluster:
     """Read a fleet file or a NodeList file (see the module docstring)."""
     source = str(path)
     try:
@@ -66,8 +66,8 @@ def load_cluster(path: str | Path) -> Cluster:
     return parse_cluster(text, source=source)
 
 
-def parse_cluster(text: str, *, source: str) -> Cluster:
-    """A fleet or NodeList document as a ``Cluster``."""
+def parse_cluster(text: str, *, source: str) -> SimCluster:
+    """A fleet or NodeList document as a ``SimCluster``."""
     try:
         documents = [d for d in yaml.compose_all(text) if d is not None]
         data = [yaml.safe_load(yaml.serialize(d)) for d in documents]
@@ -84,7 +84,7 @@ def parse_cluster(text: str, *, source: str) -> Cluster:
         inventory = parse_inventory(data)
     except UserError as err:
         raise UserError(f"{source}:{_line_of_node(text, str(err))}: {err}") from None
-    return Cluster(name=Path(source).stem, inventory=inventory)
+    return SimCluster(name=Path(source).stem, inventory=inventory)
 
 
 class _Lines:
@@ -113,7 +113,7 @@ class _Lines:
         return self.lines.get(path, 1)
 
 
-def _fleet(data: Mapping[str, Any], lines: _Lines, *, source: str) -> Cluster:
+def _fleet(data: Mapping[str, Any], lines: _Lines, *, source: str) -> SimCluster:
     def fail(path: tuple[str | int, ...], problem: str) -> UserError:
         shown = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
         return UserError(f"{source}:{lines.of(*path)}: {shown}: {problem}")
@@ -148,7 +148,7 @@ def _fleet(data: Mapping[str, Any], lines: _Lines, *, source: str) -> Cluster:
             if unusable:  # a fleet's GPUs are the author's to name: a typo is an error here
                 raise fail((*where, *field.split(".")), unusable[0].reason)
         nodes.extend(made)
-    return Cluster(name=name, inventory=parse_inventory(nodes))
+    return SimCluster(name=name, inventory=parse_inventory(nodes))
 
 
 def _group_nodes(

@@ -46,7 +46,7 @@ from e2e.cluster.api import wait_for
 from e2e.cluster.components import tail
 from e2e.cluster.state import default_layout
 
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 
 POOL_TAINT_KEY = "elastra.dev/karpenter-pool"
 
@@ -62,7 +62,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 class Karpenter:
     """The Karpenter controller running against the test cluster."""
 
-    cluster: Cluster
+    cluster: LocalCluster
     log: Path
 
     def nodes(self, pool: str | None = None) -> list[dict[str, Any]]:
@@ -81,7 +81,9 @@ class Karpenter:
 
 
 @pytest.fixture(scope="package")
-def karpenter(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Karpenter]:
+def karpenter(
+    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Karpenter]:
     """Karpenter for the tests of this folder, stopped after the last of them."""
     if os.environ.get("ELASTRA_TEST_KUBECONFIG"):
         # A cluster this run did not start: Karpenter runs here against its kubeconfig.

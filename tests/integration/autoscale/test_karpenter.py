@@ -13,18 +13,18 @@ from e2e.cluster import karpenter as kp
 from e2e.cluster.api import wait_for
 
 from tests.integration.autoscale.conftest import Karpenter, NodePools
-from tests.integration.conftest import Cluster, gpu_pod
+from tests.integration.conftest import LocalCluster, gpu_pod
 
 GPU_LABELS = "karpenter.k8s.aws/instance-gpu"
 
 
-def _pod(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+def _pod(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any]:
     result: dict[str, Any] = cluster.get("pod", name, "-n", namespace)
     return result
 
 
 def test_a_pending_gpu_pod_gets_a_karpenter_node_that_goes_when_the_pod_does(
-    cluster: Cluster, karpenter: Karpenter, node_pools: NodePools, namespace: str
+    cluster: LocalCluster, karpenter: Karpenter, node_pools: NodePools, namespace: str
 ) -> None:
     pool = node_pools.create("one-gpu", instance_types=["p4d.24xlarge", "g5.xlarge", "g6.xlarge"])
     assert karpenter.nodes(pool.name) == []

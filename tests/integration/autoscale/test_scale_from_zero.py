@@ -21,7 +21,7 @@ from e2e.cluster.api import wait_for
 
 from elastra.controller.decide.placeholders import LABEL_CAPACITY_REQUEST
 from tests.integration.autoscale.conftest import Karpenter, NodePools, Pool
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 from tests.integration.operator.conftest import Jobs, OperatorProcess
 
 SKIP_METRICS = {"type": "kwok"}
@@ -30,7 +30,7 @@ SKIP_METRICS = {"type": "kwok"}
 
 @pytest.fixture
 def start_operator(
-    cluster: Cluster, namespace: str, request: pytest.FixtureRequest
+    cluster: LocalCluster, namespace: str, request: pytest.FixtureRequest
 ) -> Iterator[Callable[..., OperatorProcess]]:
     """Starts the real ``elastra run`` for this test's namespace, with extra flags; prints
     its log's tail when the test failed."""
@@ -56,7 +56,7 @@ class Scene:
     """What each test here works with: the cluster, Karpenter and its pools, the test's
     namespace, its jobs, and a way to start the operator."""
 
-    cluster: Cluster
+    cluster: LocalCluster
     karpenter: Karpenter
     pools: NodePools
     namespace: str
@@ -66,7 +66,7 @@ class Scene:
 
 @pytest.fixture
 def scene(
-    cluster: Cluster,
+    cluster: LocalCluster,
     karpenter: Karpenter,
     node_pools: NodePools,
     namespace: str,
@@ -113,13 +113,13 @@ def job_manifest(
     }
 
 
-def requests_of(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
+def requests_of(cluster: LocalCluster, namespace: str) -> list[dict[str, Any]]:
     """The capacity-request pods of the namespace."""
     found = cluster.get("pods", "-n", namespace, "-l", LABEL_CAPACITY_REQUEST)["items"]
     return list(found)
 
 
-def pending(cluster: Cluster, namespace: str) -> list[str]:
+def pending(cluster: LocalCluster, namespace: str) -> list[str]:
     """Pods of the namespace not bound to a node (or Pending)."""
     pods = cluster.get("pods", "-n", namespace)["items"]
     return [

@@ -36,7 +36,7 @@ from cryptography.x509.oid import NameOID
 from e2e.cluster.api import probe_http_health, wait_for
 from e2e.cluster.components import free_ports
 
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 
 # The operator's own fixtures: elastra run on the test's namespace, its log on failure.
 from tests.integration.operator.conftest import (  # noqa: F401
@@ -151,13 +151,15 @@ def configuration(cert_dir: Path, *, health: int, metrics: int, webhook: int) ->
     }
 
 
-def install_crds(cluster: Cluster, crds: Path) -> None:
+def install_crds(cluster: LocalCluster, crds: Path) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds))
 
 
 @pytest.fixture(scope="session")
-def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KueueProcess]:
+def kueue(
+    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KueueProcess]:
     """Kueue's manager, running against the test cluster for the whole session."""
     built = kueue_dir()
     install_crds(cluster, built / "crds")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from e2e.cluster.api import wait_for
 
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 from tests.integration.kueue.conftest import KueueProcess
 from tests.integration.operator.conftest import Jobs, gpu_job
 
@@ -53,7 +53,7 @@ def cluster_queue(name: str, namespace: str, *, gpus: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-def queue(cluster: Cluster, namespace: str, kueue: KueueProcess) -> Any:
+def queue(cluster: LocalCluster, namespace: str, kueue: KueueProcess) -> Any:
     """A ResourceFlavor, a ClusterQueue with no quota and a LocalQueue ``team`` in the namespace;
     the cluster-scoped ones are deleted afterwards."""
     name = f"cq-{namespace}"
@@ -73,7 +73,7 @@ def queue(cluster: Cluster, namespace: str, kueue: KueueProcess) -> Any:
     cluster.kubectl("delete", "resourceflavor", name, "--wait=false", check=False)
 
 
-def workload(cluster: Cluster, namespace: str, job: str) -> dict[str, Any] | None:
+def workload(cluster: LocalCluster, namespace: str, job: str) -> dict[str, Any] | None:
     out = cluster.kubectl(
         "get", "workloads.kueue.x-k8s.io", f"trainingjob-{job}", "-n", namespace, "-o", "json",
         check=False,
@@ -90,7 +90,7 @@ def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
 
 @pytest.mark.usefixtures("operator")
 def test_a_job_waits_suspended_without_quota_and_runs_once_quota_is_added(
-    cluster: Cluster, namespace: str, queue: str, jobs: Jobs, kueue: KueueProcess
+    cluster: LocalCluster, namespace: str, queue: str, jobs: Jobs, kueue: KueueProcess
 ) -> None:
     body = gpu_job("queued", replicas=2)
     body["metadata"]["labels"] = {QUEUE_LABEL: "team"}
@@ -136,7 +136,7 @@ def test_a_job_waits_suspended_without_quota_and_runs_once_quota_is_added(
 
 @pytest.mark.usefixtures("operator")
 def test_an_evicted_job_stops_and_queues_again(
-    cluster: Cluster, namespace: str, queue: str, jobs: Jobs, kueue: KueueProcess
+    cluster: LocalCluster, namespace: str, queue: str, jobs: Jobs, kueue: KueueProcess
 ) -> None:
     """Deactivating the Workload makes Kueue evict it: the job stops like a suspend (no pod
     left), and once the Workload is active again the job is admitted and runs again."""

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from e2e.cluster.api import wait_for
 
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 from tests.integration.operator.conftest import Jobs, OperatorProcess, gpu_job
 
 
 def test_a_failed_job_is_deleted_after_its_ttl(
-    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess, jobs: Jobs
 ) -> None:
     body = gpu_job(
         "short-lived",

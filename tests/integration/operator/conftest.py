@@ -25,7 +25,7 @@ import pytest
 from e2e.cluster.api import wait_for
 from e2e.cluster.fleet import parse_fleet
 
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 KWOK_TOLERATION = "kwok.x-k8s.io/node=fake:NoSchedule"
@@ -35,7 +35,7 @@ KWOK_TOLERATION = "kwok.x-k8s.io/node=fake:NoSchedule"
 class OperatorProcess:
     """One ``elastra run`` process and the log lines it printed."""
 
-    cluster: Cluster
+    cluster: LocalCluster
     namespace: str
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
@@ -97,7 +97,7 @@ class OperatorProcess:
 
 @pytest.fixture
 def operator(
-    cluster: Cluster, namespace: str, request: pytest.FixtureRequest, tmp_path: Path
+    cluster: LocalCluster, namespace: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
     proc = OperatorProcess(cluster, namespace)
     proc.start()
@@ -122,7 +122,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 class Jobs:
     """Reading TrainingJobs and their pods in the test namespace."""
 
-    cluster: Cluster
+    cluster: LocalCluster
     namespace: str
 
     def apply(self, manifest: dict[str, Any]) -> None:
@@ -159,7 +159,7 @@ class Jobs:
 
 
 @pytest.fixture
-def jobs(cluster: Cluster, namespace: str) -> Jobs:
+def jobs(cluster: LocalCluster, namespace: str) -> Jobs:
     return Jobs(cluster, namespace)
 
 
@@ -167,7 +167,7 @@ def jobs(cluster: Cluster, namespace: str) -> Jobs:
 class NodePool:
     """Fake nodes only this test uses, removed at the end; H200 by default (not in the fleet)."""
 
-    cluster: Cluster
+    cluster: LocalCluster
     namespace: str
     names: list[str] = field(default_factory=list)
 
@@ -211,7 +211,7 @@ class NodePool:
 
 
 @pytest.fixture
-def pool(cluster: Cluster, namespace: str) -> Iterator[NodePool]:
+def pool(cluster: LocalCluster, namespace: str) -> Iterator[NodePool]:
     nodes = NodePool(cluster, namespace)
     yield nodes
     if nodes.names:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 from tests.integration.operator.conftest import Jobs, NodePool, OperatorProcess, gpu_job
 
 TAINT_KEY = "dedicated"
 
 
-def _taint(cluster: Cluster, node: str, value: str) -> None:
+def _taint(cluster: LocalCluster, node: str, value: str) -> None:
     cluster.kubectl("taint", "nodes", node, f"{TAINT_KEY}={value}:NoSchedule")
 
 
@@ -37,7 +37,7 @@ def _world_nodes(jobs: Jobs, name: str, size: int) -> set[str] | None:
 
 
 def test_a_tolerating_job_with_a_node_selector_runs_only_on_its_pool(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
 ) -> None:
     ml_0, ml_1, other, unlabelled = pool.add(4)
     label = f"example.com/pool={jobs.namespace}"

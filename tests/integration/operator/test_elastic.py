@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from elastra_worker.assignment import parse_assignment
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 from tests.integration.operator.conftest import EXAMPLES, Jobs, NodePool, OperatorProcess, gpu_job
 from tests.integration.operator.test_operator import fail_pod, h200_job
 
@@ -57,7 +57,7 @@ def test_a_runs_at_capacity_then_grows_when_nodes_arrive(
 
 
 def test_b_three_nodes_deleted_at_once_give_one_resize(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
 ) -> None:
     pool.add(6)
     jobs.apply(h200_job("rack", replicas=6, minReplicas=2))
@@ -92,7 +92,7 @@ def test_c_below_minimum_waits_degraded_then_resumes(
 
 
 def test_d_kubectl_scale_down_and_up_within_bounds(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
 ) -> None:
     pool.add(6)
     jobs.apply(h200_job("scaled", replicas=6, minReplicas=2, maxReplicas=6))
@@ -122,7 +122,7 @@ def test_d_kubectl_scale_down_and_up_within_bounds(
 
 
 def test_e_thirty_percent_failed_at_once_is_one_resize(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
 ) -> None:
     pool.add(3)
     worker = {"gpus": 2, "gpuTypes": ["H200"], "image": "elastra-worker:dev"}
@@ -168,7 +168,7 @@ def gpu_types_of(jobs: Jobs, name: str) -> set[str]:
 
 
 def test_f_moves_to_faster_gpus_freed_up_only_when_the_gain_beats_the_restart(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
 ) -> None:
     pool.add(2, product="Tesla-V100-SXM2-32GB")
     pool.add(2)  # H200
@@ -232,7 +232,7 @@ def test_g_two_jobs_share_a_scarce_type_without_livelock(
 
 
 def test_hpa_resizes_a_running_job_through_the_scale_subresource(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
 ) -> None:
     pool.add(4)
     jobs.apply(h200_job("cpu-tiny", replicas=2, minReplicas=1, maxReplicas=4))
@@ -250,7 +250,7 @@ def test_hpa_resizes_a_running_job_through_the_scale_subresource(
 
 
 def test_drained_node_worker_is_evicted_dropped_and_replaced_elsewhere(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
 ) -> None:
     """Cordon + drain: the Eviction API deletes a worker with its grace period (as preemption
     does); the operator drops it from the world at once and grows back on another node."""
@@ -281,7 +281,7 @@ def test_drained_node_worker_is_evicted_dropped_and_replaced_elsewhere(
 
 
 def test_h_every_world_size_forms_and_an_impossible_one_says_why(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
 ) -> None:
     """Measured before: 256 sequences over 3 pods x 8 GPUs (24 ranks) stayed at 2 of 3 with
     no pod and no reason. Now the world grows with shares 11/10; and a size no world can

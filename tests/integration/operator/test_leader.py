@@ -18,7 +18,7 @@ from typing import Any
 from elastra.controller.engine.leader import LEASE_NAME, LeaderElector
 from elastra.kube.client import Kube
 from elastra.kube.config import load_connection
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 from tests.integration.operator.conftest import Jobs, OperatorProcess
 
 
@@ -33,7 +33,7 @@ def chart_lease(namespace: str) -> dict[str, Any]:
 
 
 def test_an_operator_started_before_the_charts_lease_leaves_its_creation_to_the_chart(
-    cluster: Cluster, jobs: Jobs
+    cluster: LocalCluster, jobs: Jobs
 ) -> None:
     operator = OperatorProcess(cluster, jobs.namespace, extra_args=("--no-create-lease",))
     operator.start()
@@ -59,7 +59,7 @@ def test_an_operator_started_before_the_charts_lease_leaves_its_creation_to_the_
 
 
 def test_a_holder_renews_with_one_write_and_yields_to_a_lease_taken_from_it(
-    cluster: Cluster, jobs: Jobs
+    cluster: LocalCluster, jobs: Jobs
 ) -> None:
     """Two electors on the real API server: the holder renews by writing the Lease it last
     wrote (one request, no read); once the other took the Lease over (the holder's renewals

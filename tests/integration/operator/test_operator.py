@@ -17,7 +17,7 @@ from elastra.api import parse_trainingjob
 from elastra.controller.decide.planning import cluster_inventory, requirements
 from elastra.planner import plan_job
 from elastra_worker.launcher import free_ports
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 from tests.integration.operator.conftest import (
     EXAMPLES,
     Jobs,
@@ -38,7 +38,7 @@ def world(status: dict[str, Any]) -> dict[str, Any]:
     return dict(status.get("world") or {})
 
 
-def fail_pod(cluster: Cluster, namespace: str, *pods: str, code: int) -> None:
+def fail_pod(cluster: LocalCluster, namespace: str, *pods: str, code: int) -> None:
     """Make kwok end these pods Failed with ``code`` (one label call: they fail together)."""
     cluster.kubectl(
         "annotate", "pod", *pods, "-n", namespace, f"sim.elastra.dev/exit-code={code}",
@@ -48,7 +48,7 @@ def fail_pod(cluster: Cluster, namespace: str, *pods: str, code: int) -> None:
 
 
 def test_places_the_7b_example_as_the_planner_predicts(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess
 ) -> None:
     manifest = yaml.safe_load((EXAMPLES / "gpt-7b-hetero.yaml").read_text())
     # No PVC behind kwok pods (the scheduler would hold them Pending): a uri nothing reads.
@@ -77,7 +77,7 @@ def test_places_the_7b_example_as_the_planner_predicts(
 
 
 def test_node_deleted_under_a_running_job(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
 ) -> None:
     jobs.apply(h200_job("lose", replicas=2))
     status = jobs.wait_phase("lose", "Running")
@@ -108,7 +108,7 @@ def test_node_deleted_under_a_running_job(
 
 
 def test_retryable_failure_is_replaced_and_counted(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
 ) -> None:
     jobs.apply(h200_job("retry", replicas=2))
     status = jobs.wait_phase("retry", "Running")
@@ -128,7 +128,7 @@ def test_retryable_failure_is_replaced_and_counted(
 
 
 def test_permanent_failure_fails_the_job(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
 ) -> None:
     jobs.apply(h200_job("doomed", replicas=2))
     status = jobs.wait_phase("doomed", "Running")
@@ -148,7 +148,7 @@ def test_permanent_failure_fails_the_job(
 
 
 def test_suspend_and_resume(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
 ) -> None:
     jobs.apply(h200_job("nap", replicas=2))
     jobs.wait_phase("nap", "Running")
@@ -181,7 +181,7 @@ def test_suspend_and_resume(
 
 
 def test_deleting_the_job_removes_its_pods_and_no_finalizers(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
 ) -> None:
     jobs.apply(h200_job("gone", replicas=2))
     jobs.wait_phase("gone", "Running")
@@ -192,7 +192,7 @@ def test_deleting_the_job_removes_its_pods_and_no_finalizers(
 
 
 def test_operator_killed_mid_reconcile_converges(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
 ) -> None:
     jobs.apply(h200_job("phoenix", replicas=12, worker={
         "gpus": 2, "gpuTypes": ["H200"], "image": "elastra-worker:dev"}))  # fmt: skip
@@ -218,7 +218,7 @@ def test_operator_killed_mid_reconcile_converges(
 
 
 def test_unplaceable_job_says_why_once_and_creates_nothing(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess
 ) -> None:
     """Without capacity requests: with them (the default) the job first asks the autoscaler
     for an MI300X node and says so when none came (tests/integration/autoscale)."""
@@ -246,7 +246,7 @@ def test_unplaceable_job_says_why_once_and_creates_nothing(
 
 
 def test_only_the_lease_holder_writes_and_a_successor_takes_over(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
 ) -> None:
     second = OperatorProcess(cluster, jobs.namespace)
     second.start()
@@ -281,7 +281,7 @@ def _passes(proc: OperatorProcess, job: str) -> int:
 
 
 def test_metrics_and_liveness_endpoints(
-    cluster: Cluster, jobs: Jobs, private_nodes: list[str]
+    cluster: LocalCluster, jobs: Jobs, private_nodes: list[str]
 ) -> None:
     metrics_port = free_ports(2)
     health_port = metrics_port + 1
@@ -322,7 +322,7 @@ def test_metrics_and_liveness_endpoints(
 
 
 def test_a_batch_refused_halfway_holds_nothing_and_starts_once_it_fits(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
 ) -> None:
     """Gang admission on the real API server: a ResourceQuota lets only two of a batch of three
     pods be created, so the two stay gated (the last pod, created without the gate, is never
@@ -364,7 +364,7 @@ def test_a_batch_refused_halfway_holds_nothing_and_starts_once_it_fits(
 
 
 def test_a_member_that_never_starts_is_dropped_before_the_others_give_up(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, pool: NodePool
 ) -> None:
     """One pod of a first world lands where its image never pulls (kwok holds it in
     ImagePullBackOff) while the other two run: once they have waited the join timeout (20 s

@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any
 
 from elastra.kube.client import KILL_AFTER_WRITES_ENV
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 from tests.integration.operator.conftest import Jobs, OperatorProcess
 from tests.integration.operator.test_operator import h200_job
 
@@ -24,7 +24,7 @@ KILL_AFTER = range(1, 9)
 
 
 def test_operator_killed_after_each_write_of_a_resize_converges(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess, private_nodes: list[str]
 ) -> None:
     worker = {"gpus": 2, "gpuTypes": ["H200"], "image": "elastra-worker:dev"}
     jobs.apply(h200_job(JOB, replicas=2, worker=worker))

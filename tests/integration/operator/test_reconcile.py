@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 from tests.integration.operator.conftest import Jobs, OperatorProcess, gpu_job
 
 CRD = "trainingjobs.elastra.dev"
@@ -22,7 +22,7 @@ MIN_REPLICAS_RULE = "self.minReplicas <= self.replicas"
 
 
 @contextlib.contextmanager
-def crd_without_rule(cluster: Cluster, rule: str) -> Iterator[None]:
+def crd_without_rule(cluster: LocalCluster, rule: str) -> Iterator[None]:
     """The installed CRD without one of the spec's CEL rules, restored on the way out."""
     rules = cluster.get("crd", CRD)["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
         "properties"
@@ -37,7 +37,7 @@ def crd_without_rule(cluster: Cluster, rule: str) -> Iterator[None]:
         _patch_crd(cluster, [{"op": "add", "path": path, "value": rules[index]}])
 
 
-def _patch_crd(cluster: Cluster, ops: list[dict[str, Any]]) -> None:
+def _patch_crd(cluster: LocalCluster, ops: list[dict[str, Any]]) -> None:
     cluster.kubectl("patch", "crd", CRD, "--type=json", "-p", json.dumps(ops))
 
 
@@ -55,7 +55,7 @@ def _pods(jobs: Jobs, name: str) -> dict[str, str]:
 
 
 def test_a_spec_the_operator_cannot_read_is_reported_once_and_its_workers_keep_running(
-    cluster: Cluster, jobs: Jobs, operator: OperatorProcess
+    cluster: LocalCluster, jobs: Jobs, operator: OperatorProcess
 ) -> None:
     jobs.apply(gpu_job("unreadable", replicas=2))
     jobs.wait_phase("unreadable", "Running")

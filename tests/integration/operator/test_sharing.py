@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 from tests.integration.operator.conftest import Jobs, NodePool, OperatorProcess
 from tests.integration.operator.test_elastic import world_is
 from tests.integration.operator.test_operator import h200_job
@@ -23,7 +23,7 @@ LOW, HIGH = 10, 1000
 
 
 @pytest.fixture
-def classes(cluster: Cluster, namespace: str) -> Iterator[dict[int, str]]:
+def classes(cluster: LocalCluster, namespace: str) -> Iterator[dict[int, str]]:
     """PriorityClasses of value ``LOW`` and ``HIGH`` (cluster-wide: named for this test)."""
     names = {value: f"{namespace}-{value}" for value in (LOW, HIGH)}
     for value, name in names.items():

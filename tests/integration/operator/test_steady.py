@@ -21,7 +21,7 @@ import time
 from collections import Counter
 
 from elastra_worker.launcher import free_ports
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import LocalCluster
 from tests.integration.operator.conftest import (
     Jobs,
     OperatorProcess,
@@ -47,7 +47,7 @@ def requests_made(port: int) -> Counter[tuple[str, str]]:
 
 
 def test_a_steady_job_costs_zero_api_requests(
-    cluster: Cluster, jobs: Jobs, private_nodes: list[str]
+    cluster: LocalCluster, jobs: Jobs, private_nodes: list[str]
 ) -> None:
     port = free_ports(1)
     operator = OperatorProcess(cluster, jobs.namespace, extra_args=(f"--metrics-port={port}",))

@@ -1,7 +1,7 @@
 """A tiny in-memory stand-in for what the API server would return, for pure pass tests.
 
 Not a mock of the API server: nothing here answers requests. It holds node and pod dicts and
-applies a ``PassPlan`` the way ``elastra.controller.engine.reconcile`` would, so a test can run
+applies a ``PassWrites`` the way ``elastra.controller.engine.reconcile`` would, so a test can run
 passes back to back and read the cluster state like a transcript. The real API server is
 exercised by tests/integration.
 """
@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from elastra.api import TrainingJob, parse_trainingjob
-from elastra.controller.decide.passplan import Observation, PassPlan, plan_pass
+from elastra.controller.decide.passplan import Observation, PassWrites, plan_pass
 from elastra.controller.settings import OperatorSettings
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -55,7 +55,7 @@ class FakeCluster:
     def job(self) -> TrainingJob:
         return parse_trainingjob(self.job_body)
 
-    def step(self, seconds: float = 1.0, *, refused: frozenset[str] = frozenset()) -> PassPlan:
+    def step(self, seconds: float = 1.0, *, refused: frozenset[str] = frozenset()) -> PassWrites:
         """One pass at the current time, applied; then time moves on.
 
         ``refused``: pods whose create the API server refuses. The pass then stops where the
@@ -76,7 +76,7 @@ class FakeCluster:
         self.now += timedelta(seconds=seconds)
         return plan
 
-    def _apply(self, plan: PassPlan, refused: frozenset[str]) -> None:
+    def _apply(self, plan: PassWrites, refused: frozenset[str]) -> None:
         for name in plan.request_deletes:
             self.requests.pop(name, None)
         gated = [p for p in plan.creates if p["spec"].get("schedulingGates")]

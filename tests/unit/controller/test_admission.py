@@ -15,7 +15,7 @@ from elastra.api import parse_trainingjob
 from elastra.controller.decide import admission
 from elastra.controller.decide.admission import GateState
 from elastra.controller.decide.manifests import LABEL_JOB
-from elastra.controller.decide.passplan import Observation, PassPlan, plan_pass
+from elastra.controller.decide.passplan import Observation, PassWrites, plan_pass
 from elastra.controller.engine import handlers
 from elastra.controller.engine.handlers import JobLoop, Runtime
 from elastra.controller.settings import OperatorSettings
@@ -47,8 +47,10 @@ class QueuedCluster(FakeCluster):
 
     workload: dict[str, Any] | None = None
 
-    def step(self, seconds: float = 1.0) -> PassPlan:
-        def with_workload(obs: Observation, settings: OperatorSettings, now: datetime) -> PassPlan:
+    def step(self, seconds: float = 1.0) -> PassWrites:
+        def with_workload(
+            obs: Observation, settings: OperatorSettings, now: datetime
+        ) -> PassWrites:
             return plan_pass(replace(obs, workload=self.workload), settings, now)
 
         with mock.patch.object(fakecluster, "plan_pass", with_workload):

@@ -26,23 +26,19 @@ from elastra.controller.decide.manifests import (
     worker_constraints,
     worker_pod,
 )
-from elastra.controller.settings import (
-    OperatorSettings,
-    PodPeer,
-    Toleration,
-)
+from elastra.controller.settings import OperatorSettings, PodPeer
 from elastra.errors import UserError
 from elastra.planner.eligibility import WorkerConstraints, as_built_for
 from elastra.planner.inventory import parse_inventory
-from elastra.planner.scheduling import NodeFacts, PodConstraints, Taint, refusal
-from elastra_worker.assignment import Plan
+from elastra.planner.scheduling import NodeFacts, PodConstraints, PodToleration, Taint, refusal
+from elastra_worker.assignment import ParallelPlan
 from tests.cases.specs import DELETE, FULL_TEMPLATE, apply_edits, base_manifest
 from tests.unit.planner.nodes import node as planner_node
 from tests.unit.planner.nodes import node_list
 from tests.unit.test_helm_chart import restricted_violations
 
 NODE = "h100-3"
-KWOK = Toleration(key="kwok.x-k8s.io/node", value="fake")
+KWOK = PodToleration(key="kwok.x-k8s.io/node", value="fake")
 SETTINGS = OperatorSettings(tolerations=(KWOK,))
 
 
@@ -323,7 +319,7 @@ def test_each_pod_runs_one_rank_per_gpu_or_cpu_rank(worker: dict[str, Any], loca
         edits["spec.worker.gpuTypes"] = []
     body = apply_edits(base_manifest("gpt"), edits)
     job = parse_trainingjob(body)
-    plan = Plan(dp=1, tp=local, batch_shares=(256,))
+    plan = ParallelPlan(dp=1, tp=local, batch_shares=(256,))
     wire = assignment_json(
         job,
         version=1,
@@ -348,7 +344,9 @@ def test_the_assignment_carries_the_precision_and_the_pods_gpus(
 ) -> None:
     job = parse_trainingjob(apply_edits(base_manifest("gpt"), edits))
     local = job.spec.worker.ranks_per_pod
-    rank = RankSpec(rank=0, world_size=local, master_addr="gpt-w0.gpt", plan=Plan(dp=1, tp=local))
+    rank = RankSpec(
+        rank=0, world_size=local, master_addr="gpt-w0.gpt", plan=ParallelPlan(dp=1, tp=local)
+    )
     for spec in (rank, None):  # in a world, and waiting
         wire = json.loads(assignment_json(job, version=1, rank=spec, stop=False, settings=SETTINGS))
         assert (wire["precision"], wire["gpus"]) == (precision, gpus)

@@ -19,13 +19,13 @@ from elastra.controller.decide.placeholders import (
     request_name,
     requester,
 )
-from elastra.controller.settings import OperatorSettings, Toleration
+from elastra.controller.settings import OperatorSettings
 from elastra.planner.resources import pod_requests
-from elastra.planner.scheduling import NodeFacts, PodConstraints, Taint, refusal
+from elastra.planner.scheduling import NodeFacts, PodConstraints, PodToleration, Taint, refusal
 from tests.cases.specs import FULL_TEMPLATE, apply_edits, base_manifest
 from tests.unit.test_helm_chart import restricted_violations
 
-SETTINGS = OperatorSettings(tolerations=(Toleration(key="kwok.x-k8s.io/node", value="fake"),))
+SETTINGS = OperatorSettings(tolerations=(PodToleration(key="kwok.x-k8s.io/node", value="fake"),))
 
 
 def job(edits: dict[str, Any] | None = None) -> Any:

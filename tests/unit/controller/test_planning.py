@@ -30,12 +30,12 @@ from elastra.controller.decide.observe import PodFacts
 from elastra.controller.decide.planning import (
     JobPlanner,
     Placement,
-    assignment_plan,
     requirements,
 )
 from elastra.controller.settings import OperatorSettings
 from elastra.elastic.workers import NodeName, PodName, WorkerState, WorkerView
 from elastra.errors import UserError
+from elastra.planner.record import assignment_plan
 from elastra_worker.assignment import default_coords, parse_assignment, plan_to_wire
 from tests.unit.controller.fakecluster import FakeCluster, gpt_job, node
 from tests.unit.controller.test_passplan import SETTINGS, assignment
@@ -129,7 +129,9 @@ def test_the_assignment_leaves_out_what_the_worker_derives(dp: int, most_bytes: 
     """No rank list (the default order) and no equal batch shares: the annotation's size does
     not grow with the world (it rides in every pod, to every watcher of pods)."""
     job = parse_trainingjob(manifest(dp, dp, model=MODEL))
-    plan = assignment_plan(PlanStatus(dp=dp, tp=8, pp=1, dp_shares=[1] * dp), job)
+    plan = assignment_plan(
+        PlanStatus(dp=dp, tp=8, pp=1, dp_shares=[1] * dp), layers=MODEL["layers"]
+    )
     world = dp * 8
     spec = RankSpec(rank=0, world_size=world, master_addr="gpt-w0.gpt", plan=plan)
     text = assignment_json(job, version=1, rank=spec, stop=False, settings=OperatorSettings())

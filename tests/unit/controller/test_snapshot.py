@@ -18,7 +18,7 @@ from elastra.controller.decide.observe import _node_health, slim_node, slim_pod
 from elastra.controller.decide.planning import cluster_inventory
 from elastra.controller.decide.sharing import _live_pods
 from elastra.controller.engine import snapshot as snapshot_module
-from elastra.controller.engine.snapshot import Cluster, ClusterSnapshot, job_of, keep_pod
+from elastra.controller.engine.snapshot import ClusterSnapshot, ClusterState, job_of, keep_pod
 from elastra.kube.informer import Informer
 from tests.unit.controller.fakecluster import T0, node
 
@@ -56,7 +56,7 @@ def synced_snapshot(pods: list[dict[str, Any]] | None = None) -> ClusterSnapshot
     return snap
 
 
-def free_gpus(cluster: Cluster) -> int:
+def free_gpus(cluster: ClusterState) -> int:
     inventory = cluster_inventory(cluster.nodes, cluster.pods, extra=cluster.reserved)
     return sum(n.free_gpus for n in inventory.nodes)
 

@@ -12,8 +12,8 @@ import pytest
 from elastra.planner.scheduling import (
     NodeFacts,
     PodConstraints,
+    PodToleration,
     Taint,
-    Toleration,
     refusal,
 )
 
@@ -42,21 +42,39 @@ def expr(key: str, operator: str, *values: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("toleration", "taint", "tolerated"),
     [
-        (Toleration("k", "Equal", "v", "NoSchedule"), Taint("k", "v", "NoSchedule"), True),
-        (Toleration("k", "", "v", "NoSchedule"), Taint("k", "v", "NoSchedule"), True),  # Equal
-        (Toleration("k", "Equal", "v", "NoSchedule"), Taint("k", "w", "NoSchedule"), False),
-        (Toleration("k", "Equal", "", ""), Taint("k", "", "NoExecute"), True),
-        (Toleration("k", "Exists", "", "NoSchedule"), Taint("k", "any", "NoSchedule"), True),
-        (Toleration("k", "Exists", "", "NoSchedule"), Taint("k", "any", "NoExecute"), False),
-        (Toleration("k", "Exists", "", ""), Taint("k", "x", "NoExecute"), True),  # all effects
-        (Toleration("", "Exists", "", ""), Taint("any", "x", "NoExecute"), True),  # everything
-        (Toleration("", "Exists", "", "NoSchedule"), Taint("any", "", "NoExecute"), False),
-        (Toleration("j", "Exists", "", ""), Taint("k", "", "NoSchedule"), False),
-        (Toleration("k", "Gt", "1", ""), Taint("k", "5", "NoSchedule"), False),  # gate off
+        (PodToleration("k", "Equal", "v", "NoSchedule"), Taint("k", "v", "NoSchedule"), True),
+        (PodToleration("k", "", "v", "NoSchedule"), Taint("k", "v", "NoSchedule"), True),  # Equal
+        (PodToleration("k", "Equal", "v", "NoSchedule"), Taint("k", "w", "NoSchedule"), False),
+        (PodToleration("k", "Equal", "", ""), Taint("k", "", "NoExecute"), True),
+        (PodToleration("k", "Exists", "", "NoSchedule"), Taint("k", "any", "NoSchedule"), True),
+        (PodToleration("k", "Exists", "", "NoSchedule"), Taint("k", "any", "NoExecute"), False),
+        (PodToleration("k", "Exists", "", ""), Taint("k", "x", "NoExecute"), True),  # all effects
+        (PodToleration("", "Exists", "", ""), Taint("any", "x", "NoExecute"), True),  # everything
+        (PodToleration("", "Exists", "", "NoSchedule"), Taint("any", "", "NoExecute"), False),
+        (PodToleration("j", "Exists", "", ""), Taint("k", "", "NoSchedule"), False),
+        (PodToleration("k", "Gt", "1", ""), Taint("k", "5", "NoSchedule"), False),  # gate off
     ],
 )
-def test_toleration_matches_taint(toleration: Toleration, taint: Taint, tolerated: bool) -> None:
+def test_toleration_matches_taint(toleration: PodToleration, taint: Taint, tolerated: bool) -> None:
     assert toleration.tolerates(taint) is tolerated
+
+
+@pytest.mark.parametrize(
+    ("toleration", "wire"),
+    [
+        (
+            PodToleration("k", "Exists", "", "NoSchedule"),
+            {"key": "k", "operator": "Exists", "effect": "NoSchedule"},
+        ),
+        (PodToleration("k", "", "v", ""), {"key": "k", "value": "v"}),
+        (PodToleration("", "Exists", "", ""), {"operator": "Exists"}),
+    ],
+)
+def test_a_toleration_written_to_a_pod_reads_back_the_same(
+    toleration: PodToleration, wire: dict[str, str]
+) -> None:
+    assert toleration.to_wire() == wire
+    assert PodConstraints.of_pod_spec({"tolerations": [wire]}).tolerations == (toleration,)
 
 
 TAINTED = NodeFacts(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastra.sim.fleet import Cluster, parse_cluster
+from elastra.sim.fleet import SimCluster, parse_cluster
 from elastra.sim.speed import SpeedModel
 
 FLEET = """\
@@ -27,11 +27,11 @@ groups:
 
 
 @pytest.fixture(scope="session")
-def tiny() -> Cluster:
+def tiny() -> SimCluster:
     return parse_cluster(FLEET, source="tiny.yaml")
 
 
 @pytest.fixture(scope="session")
-def speed(tiny: Cluster) -> SpeedModel:
+def speed(tiny: SimCluster) -> SpeedModel:
     """One memoized speed model for the session: planner answers never change."""
     return SpeedModel(tiny.inventory)

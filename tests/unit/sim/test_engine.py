@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from elastra.sim.engine import Faults, Simulation
+from elastra.sim.engine import FaultRates, Simulation
 from elastra.sim.experiment import run_policies
-from elastra.sim.fleet import Cluster
+from elastra.sim.fleet import SimCluster
 from elastra.sim.policies import POLICY_NAMES, make_policy
 from elastra.sim.speed import SpeedModel
 from elastra.sim.trace import parse_trace
@@ -12,7 +12,7 @@ from elastra.sim.trace import parse_trace
 HEADER = "name,submitTime,gpus,gpuType,durationSeconds,minGpus,maxGpus,model"
 
 
-def test_a_lone_static_job_takes_exactly_its_duration(tiny: Cluster, speed: SpeedModel) -> None:
+def test_a_lone_static_job_takes_exactly_its_duration(tiny: SimCluster, speed: SpeedModel) -> None:
     jobs = parse_trace(f"{HEADER}\nx,100,8,H100,3600,8,8,gpt-350m\n", source="t.csv")
     (result,) = run_policies(tiny, jobs, ["static"], speed=speed)
     assert abs(result.avg_jct_s - 3600) < 1e-6
@@ -22,13 +22,13 @@ def test_a_lone_static_job_takes_exactly_its_duration(tiny: Cluster, speed: Spee
     assert result.restarts == 0
 
 
-def test_gang_waits_for_the_whole_gang(tiny: Cluster, speed: SpeedModel) -> None:
+def test_gang_waits_for_the_whole_gang(tiny: SimCluster, speed: SpeedModel) -> None:
     text = f"{HEADER}\na,0,16,H100,1000,16,16,gpt-350m\nb,10,16,H100,1000,16,16,gpt-350m\n"
     (result,) = run_policies(tiny, parse_trace(text, source="t.csv"), ["static"], speed=speed)
     assert result.jcts == (1000.0, 1990.0)
 
 
-def test_elastic_starts_small_and_grows_through_decide(tiny: Cluster, speed: SpeedModel) -> None:
+def test_elastic_starts_small_and_grows_through_decide(tiny: SimCluster, speed: SpeedModel) -> None:
     # b (min 4) arrives while a holds all 16 H100s: elastic shrinks a to admit b.
     text = f"{HEADER}\na,0,16,H100,7200,8,16,gpt-350m\nb,10,8,H100,600,4,8,gpt-350m\n"
     jobs = parse_trace(text, source="t.csv")
@@ -37,7 +37,7 @@ def test_elastic_starts_small_and_grows_through_decide(tiny: Cluster, speed: Spe
     assert elastic.restarts >= 2  # a shrank, then grew back once b finished
 
 
-def test_elastra_moves_work_to_a_faster_type(tiny: Cluster, speed: SpeedModel) -> None:
+def test_elastra_moves_work_to_a_faster_type(tiny: SimCluster, speed: SpeedModel) -> None:
     # A T4 job: the H100s are free and much faster, so elastra (and gavel-like) use them.
     jobs = parse_trace(f"{HEADER}\nt,0,4,T4,3600,4,4,gpt-125m\n", source="t.csv")
     static, gavel, elastra = run_policies(
@@ -48,11 +48,11 @@ def test_elastra_moves_work_to_a_faster_type(tiny: Cluster, speed: SpeedModel) -
     assert elastra.avg_jct_s <= gavel.avg_jct_s
 
 
-def test_faults_are_seeded_and_cost_time(tiny: Cluster, speed: SpeedModel) -> None:
+def test_faults_are_seeded_and_cost_time(tiny: SimCluster, speed: SpeedModel) -> None:
     text = "\n".join([HEADER, *(f"j{i},{i * 60},8,H100,7200,4,8,gpt-350m" for i in range(6))])
     jobs = parse_trace(text, source="t.csv")
     calm = run_policies(tiny, jobs, POLICY_NAMES, speed=speed)
-    faults = Faults(failures_per_gpu_hour=0.01, preemptions_per_gpu_hour=0.01, seed=3)
+    faults = FaultRates(failures_per_gpu_hour=0.01, preemptions_per_gpu_hour=0.01, seed=3)
     stormy = run_policies(tiny, jobs, POLICY_NAMES, speed=speed, faults=faults)
     again = run_policies(tiny, jobs, POLICY_NAMES, speed=speed, faults=faults)
     assert [r.to_json() for r in stormy] == [r.to_json() for r in again]
@@ -63,7 +63,7 @@ def test_faults_are_seeded_and_cost_time(tiny: Cluster, speed: SpeedModel) -> No
 
 
 def test_every_policy_finishes_every_job_without_overcommitting(
-    tiny: Cluster, speed: SpeedModel
+    tiny: SimCluster, speed: SpeedModel
 ) -> None:
     rows = [HEADER]
     for i in range(40):
@@ -80,7 +80,7 @@ def test_every_policy_finishes_every_job_without_overcommitting(
             jobs,
             speed=speed,
             policy=make_policy(name),
-            faults=Faults(failures_per_gpu_hour=0.002, seed=1),
+            faults=FaultRates(failures_per_gpu_hour=0.002, seed=1),
         )
         result = sim.run()
         assert all(job.finished is not None for job in sim.jobs), name
@@ -92,7 +92,7 @@ def test_every_policy_finishes_every_job_without_overcommitting(
 
 
 def test_running_jobs_shrink_only_for_a_job_of_no_lower_priority(
-    tiny: Cluster, speed: SpeedModel
+    tiny: SimCluster, speed: SpeedModel
 ) -> None:
     """The elastic policies share by the operator's rule (``elastra.elastic.share``): a job
     holding every H100 gives some to a queued job of higher or equal priority, never lower."""

@@ -1,4 +1,4 @@
-"""Pure decisions of one pass: raw objects in, a ``PassPlan`` out; no API call, no clock read
+"""Pure decisions of one pass: raw objects in, a ``PassWrites`` out; no API call, no clock read
 (the engine passes ``now``), no Kopf.
 
 Some modules here keep memos (``memo.LastOf``, ``memo.PerObject``) keyed by the identity of

@@ -32,10 +32,11 @@ from elastra.controller.decide.manifests import (
     worker_pod,
 )
 from elastra.controller.decide.observe import PodFacts, format_time
-from elastra.controller.decide.planning import NewPod, Placement, assignment_plan
+from elastra.controller.decide.planning import NewPod, Placement
 from elastra.controller.settings import OperatorSettings
 from elastra.elastic.resize import ResizeDecision
 from elastra.elastic.workers import WorkerState
+from elastra.planner.record import assignment_plan
 
 MAX_SLOTS = 1 << 20
 """Slot numbers a job's pods may take (pod names end in their slot)."""
@@ -43,7 +44,7 @@ MAX_SLOTS = 1 << 20
 
 @dataclass(frozen=True)
 class Children:
-    """The pod writes of one pass (see ``PassPlan`` for their order)."""
+    """The pod writes of one pass (see ``PassWrites`` for their order)."""
 
     creates: tuple[dict[str, Any], ...]
     patches: tuple[tuple[str, dict[str, Any]], ...]
@@ -71,7 +72,9 @@ class _Writer:
                 rank={p.pod: p.rank for p in status.placement}.get(name, 0),
                 world_size=world.size,
                 master_addr=self._leader_address(),
-                plan=assignment_plan(status.plan, job),
+                plan=assignment_plan(
+                    status.plan, layers=job.spec.model.layers if job.spec.model else 0
+                ),
             )
         return assignment_json(
             job, version=world.version, rank=rank, stop=retiring, settings=self.settings

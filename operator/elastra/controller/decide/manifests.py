@@ -55,8 +55,8 @@ from elastra.api.podtemplate import (
 from elastra.controller.settings import OperatorSettings
 from elastra.planner.catalog import GPU_RESOURCES, NVIDIA_GPU, resource_of, selected
 from elastra.planner.eligibility import WorkerConstraints, is_extended, requested_toleration
-from elastra.planner.scheduling import PodConstraints, Toleration
-from elastra_worker.assignment import Assignment, CheckpointSpec, Plan
+from elastra.planner.scheduling import PodConstraints, PodToleration
+from elastra_worker.assignment import Assignment, CheckpointPolicy, ParallelPlan
 
 LABEL_JOB = "elastra.dev/job"
 LABEL_SLOT = "elastra.dev/slot"
@@ -126,7 +126,7 @@ class RankSpec:
     rank: int
     world_size: int
     master_addr: str
-    plan: Plan
+    plan: ParallelPlan
 
 
 def assignment_json(
@@ -140,14 +140,14 @@ def assignment_json(
     """The ``elastra.dev/assignment`` annotation: in a world (``rank``), waiting, or stopping."""
     spec = job.spec
     local = spec.worker.ranks_per_pod
-    checkpoint = CheckpointSpec(
+    checkpoint = CheckpointPolicy(
         path=spec.checkpoint.path,
         interval_seconds=spec.checkpoint.interval_seconds,
         keep=spec.checkpoint.keep,
         uri=spec.checkpoint.uri or "",
     )
     if rank is None:
-        rank = RankSpec(rank=0, world_size=0, master_addr="", plan=Plan(dp=1))
+        rank = RankSpec(rank=0, world_size=0, master_addr="", plan=ParallelPlan(dp=1))
     return Assignment(
         job=job.metadata.name,
         world_version=version,
@@ -392,14 +392,10 @@ def _requested_tolerations(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     }
     present = _parsed(spec.get("tolerations") or [])
     added = [requested_toleration(name) for name in sorted(names)]
-    return [
-        {"key": t.key, "operator": t.operator, "effect": t.effect}
-        for t in added
-        if t not in present
-    ]
+    return [t.to_wire() for t in added if t not in present]
 
 
-def _parsed(tolerations: list[dict[str, Any]]) -> frozenset[Toleration]:
+def _parsed(tolerations: list[dict[str, Any]]) -> frozenset[PodToleration]:
     """Tolerations as the scheduler compares them (fields left out are empty)."""
     return frozenset(PodConstraints.of_pod_spec({"tolerations": tolerations}).tolerations)
 

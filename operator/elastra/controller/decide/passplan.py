@@ -1,7 +1,7 @@
 """One reconcile pass, decided: from what exists to what to write, as data.
 
 ``plan_pass`` is pure. It takes the job, its pods, the nodes and the cluster's pods, asks the
-resize policy and the planner, and returns a ``PassPlan``: the status to record, the events
+resize policy and the planner, and returns a ``PassWrites``: the status to record, the events
 to emit, and the pod creates, patches and deletes that make the children match the recorded
 world. The reconciler applies it; tests read it like a transcript.
 
@@ -39,8 +39,8 @@ from elastra.api import (
     ConditionStatus,
     ConditionType,
     Phase,
+    PodPlacementStatus,
     ProgressStatus,
-    RankPlacement,
     ResizeRecord,
     TrainingJob,
     TrainingJobStatus,
@@ -74,7 +74,7 @@ from elastra.controller.decide.planning import (
     JobPlanner,
     NewPod,
     Placement,
-    WorldPlan,
+    RankedWorld,
     type_mismatch,
 )
 from elastra.controller.decide.verdicts import Findings, failure, running_verdicts
@@ -140,7 +140,7 @@ class EventSpec:
 
 
 @dataclass(frozen=True)
-class PassPlan:
+class PassWrites:
     """Everything one pass will write, in the order it will write it."""
 
     status: TrainingJobStatus
@@ -171,7 +171,7 @@ class PassPlan:
     workers this pass creates on their nodes need their room."""
 
 
-def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> PassPlan:
+def plan_pass(obs: Observation, settings: OperatorSettings, now: datetime) -> PassWrites:
     """Decide this pass (see the module docstring)."""
     job = obs.job
     facts = _facts(obs, now)
@@ -227,7 +227,7 @@ def _running(
     hold: Hold | None,
     settings: OperatorSettings,
     now: datetime,
-) -> PassPlan:
+) -> PassWrites:
     """A pass over a job that has not ended: fail it, or resize and place its workers.
 
     Steps: a permanent failure ends the job; otherwise find where new pods could go, how many
@@ -330,7 +330,7 @@ def _act(
     impossible: str | None,
     backoff_left: timedelta | None,
     requests: Requests,
-) -> PassPlan:
+) -> PassWrites:
     """Carry out the decision: record its world, report the conditions, write the pods and
     the job's capacity requests."""
     job = ctx.job
@@ -358,7 +358,7 @@ def _act(
     )
     soon = timedelta(seconds=1) if pods.creates or pods.ungate or step.changed else None
     transitions = _transition_events(job.status, status)
-    return PassPlan(
+    return PassWrites(
         status=status,
         world_changed=step.changed,
         events=(*step.events, *transitions, *_withdrawn(requests, transitions)),
@@ -466,14 +466,14 @@ def _joining(ctx: _Pass, decision: ResizeDecision, placement: Placement) -> dict
     return joining
 
 
-def _form(planner: JobPlanner, members: list[PodFacts]) -> WorldPlan | None:
+def _form(planner: JobPlanner, members: list[PodFacts]) -> RankedWorld | None:
     """How ``members`` train (``None``: no members, no world)."""
     return planner.plan_world(members) if members else None
 
 
 def _with_world(
     ctx: _Pass,
-    formed: WorldPlan | None,
+    formed: RankedWorld | None,
     reason: Reason,
     members: Mapping[str, PodFacts],
     *,
@@ -508,11 +508,13 @@ def _with_world(
     )
 
 
-def _rank_placement(formed: WorldPlan | None, facts: Mapping[str, PodFacts]) -> list[RankPlacement]:
+def _rank_placement(
+    formed: RankedWorld | None, facts: Mapping[str, PodFacts]
+) -> list[PodPlacementStatus]:
     if formed is None:
         return []
     return [
-        RankPlacement(
+        PodPlacementStatus(
             rank=formed.first_rank[name],
             pod=name,
             node=str(facts[name].view.node or ""),
@@ -726,7 +728,7 @@ def _requests(
     return capacity_requests.decide(want, existing, recorded=recorded, timeout=timeout, now=now)
 
 
-def _ended(plan: PassPlan, obs: Observation, *, now: datetime) -> PassPlan:
+def _ended(plan: PassWrites, obs: Observation, *, now: datetime) -> PassWrites:
     """A job that ended asks for no nodes: its capacity requests go, and so does their record."""
     if plan.status.phase not in (Phase.SUCCEEDED, Phase.FAILED):
         return plan
@@ -743,14 +745,14 @@ def _ended(plan: PassPlan, obs: Observation, *, now: datetime) -> PassPlan:
 
 
 def _settle(
-    plan: PassPlan,
+    plan: PassWrites,
     obs: Observation,
     *,
     gate: Gate | None,
     has_pods: bool,
     settings: OperatorSettings,
     now: datetime,
-) -> PassPlan:
+) -> PassWrites:
     """Add what the job's clock and its Kueue Workload ask of this pass to ``plan``.
 
     Start and completion times go into status (see ``lifetime``); a job that is due for
@@ -791,7 +793,7 @@ def _settle(
     )
 
 
-def _pace(plan: PassPlan, obs: Observation, now: datetime) -> PassPlan:
+def _pace(plan: PassWrites, obs: Observation, now: datetime) -> PassWrites:
     """Hold back a status that only reports progress, written moments ago (see ``pacing``).
 
     Not when the pass has Events: they come from the same change of status, and the next pass
@@ -902,11 +904,11 @@ def _transition_events(before: TrainingJobStatus, after: TrainingJobStatus) -> l
     return events
 
 
-def _terminal(job: TrainingJob, facts: Mapping[str, PodFacts]) -> PassPlan:
+def _terminal(job: TrainingJob, facts: Mapping[str, PodFacts]) -> PassWrites:
     """A job that ended: a failed one keeps stopping what still runs; nothing else changes."""
     failed = is_true(job.status, ConditionType.FAILED)
     deletes = tuple(sorted(n for n, f in facts.items() if failed and f.view.state.alive))
-    return PassPlan(status=job.status, deletes=deletes)
+    return PassWrites(status=job.status, deletes=deletes)
 
 
 def _fail(
@@ -916,7 +918,7 @@ def _fail(
     *,
     reason: str,
     message: str,
-) -> PassPlan:
+) -> PassWrites:
     """End the job Failed: record why, stop what still runs (its checkpoints stay)."""
     status = job.status
     verdicts = failure(status.conditions, reason, message)
@@ -931,7 +933,7 @@ def _fail(
         update={"conditions": conditions, "observed_generation": job.metadata.generation}
     )
     failed = failed.model_copy(update={"phase": phase_of(failed.conditions)})
-    return PassPlan(
+    return PassWrites(
         status=failed,
         events=(EventSpec(EventType.WARNING, reason, message),),
         deletes=tuple(sorted(n for n, f in facts.items() if f.view.state.alive)),

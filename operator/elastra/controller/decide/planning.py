@@ -8,10 +8,10 @@
    capacity, matched to the pods the job has (``relocate``).
 3. *How does this set of pods train?* Plan exactly the world's pods (their nodes and GPU
    types, nothing else) to get dp/tp/pp, the micro-batch, the schedule and the batch shares
-   of each data-parallel rank. ``plan_status`` records it in status; ``assignment_plan``
-   reads the record back as the plan every assignment of the world carries, equal to
-   ``elastra.planner.worker_plan`` of the planner's plan (what ``elastra plan -o json``
-   prints), so a later pass writes the same assignments without planning again.
+   of each data-parallel rank. ``elastra.planner.record`` records it in status and reads the
+   record back as the plan every assignment of the world carries (the one road from a
+   planner's plan to the workers', which ``elastra plan -o json`` prints too), so a later
+   pass writes the same assignments without planning again.
 
 A pass asks these through one ``JobPlanner``: the job's requirements are derived once per
 pass and each question bounds them to the pod count it asks about, and a set of pods is
@@ -31,41 +31,29 @@ import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from elastra.api import PlanStatus, TrainingJob
 from elastra.controller.decide.capacity import cluster_inventory
 from elastra.controller.decide.observe import PodFacts
 from elastra.errors import UserError
-from elastra.planner import Inventory, JobRequirements, Plan, plan_job
+from elastra.planner import Inventory, JobPlan, JobRequirements, plan_job
 from elastra.planner.catalog import matches
 from elastra.planner.fromspec import requirements_from_spec
 from elastra.planner.inventory import NodeCapacity, NodeName
-from elastra.planner.plan import worker_plan
-from elastra_worker.assignment import (
-    RECOMPUTES,
-    SCHEDULES,
-    SHARDINGS,
-    split_layers,
-)
-from elastra_worker.assignment import Plan as WorkerPlan
+from elastra.planner.record import plan_status
 
 __all__ = [
     "JobPlanner",
     "NewPod",
     "Placement",
+    "RankedWorld",
     "Relocation",
-    "WorldPlan",
-    "assignment_plan",
     "bounded",
     "cluster_inventory",  # lives in ``capacity``; still imported from here by a few tests
     "job_requirements",
-    "plan_status",
     "requirements",
     "type_mismatch",
 ]
-
-Choice = TypeVar("Choice", bound=str)
 
 
 @dataclass(frozen=True)
@@ -94,7 +82,7 @@ class Placement:
 
 
 @dataclass(frozen=True)
-class WorldPlan:
+class RankedWorld:
     """How a set of pods trains: ranks per pod and the plan to record in status."""
 
     order: tuple[str, ...]
@@ -149,9 +137,9 @@ class JobPlanner:
         self.job = job
         self.inventory = inventory
         self.needs = job_requirements(job)
-        self._worlds: dict[tuple[tuple[str, str, int], ...], WorldPlan | UserError] = {}
+        self._worlds: dict[tuple[tuple[str, str, int], ...], RankedWorld | UserError] = {}
 
-    def _best(self, *, replicas: int, minimum: int) -> tuple[Plan | None, str | None, bool]:
+    def _best(self, *, replicas: int, minimum: int) -> tuple[JobPlan | None, str | None, bool]:
         """The best plan for ``minimum..replicas`` pods, or why none fits and whether for
         lack of capacity."""
         needs = bounded(self.needs, replicas=replicas, minimum=minimum)
@@ -240,7 +228,7 @@ class JobPlanner:
             tokens_per_second=plan.predicted.tokens_per_s,
         )
 
-    def plan_world(self, members: Sequence[PodFacts]) -> WorldPlan:
+    def plan_world(self, members: Sequence[PodFacts]) -> RankedWorld:
         """The plan for exactly ``members``; raises ``UserError`` when they cannot train.
 
         Asked once per set of pods in a pass: the growth estimate and the world it leads to
@@ -257,7 +245,7 @@ class JobPlanner:
             raise found
         return found
 
-    def _plan_world(self, members: Sequence[PodFacts]) -> WorldPlan:
+    def _plan_world(self, members: Sequence[PodFacts]) -> RankedWorld:
         n = len(members)
         only = Inventory(nodes=self._members_nodes(members))
         result = plan_job(bounded(self.needs, replicas=n, minimum=n), only, top_k=1)
@@ -287,7 +275,7 @@ class JobPlanner:
         return tuple(nodes)
 
 
-def _unfilled(plan: Plan, held: Counter[str]) -> tuple[NewPod, ...]:
+def _unfilled(plan: JobPlan, held: Counter[str]) -> tuple[NewPod, ...]:
     """The plan's slots, in its order, that ``held`` pods (per node) do not fill."""
     held = held.copy()
     free: list[NewPod] = []
@@ -316,7 +304,7 @@ def _match(
     return tuple(leave), slots
 
 
-def _open_slots(plan: Plan, slots: Counter[str]) -> tuple[NewPod, ...]:
+def _open_slots(plan: JobPlan, slots: Counter[str]) -> tuple[NewPod, ...]:
     """New pods for the ``slots`` left open per node, first slots of the plan first."""
     left = slots.copy()
     new: list[NewPod] = []
@@ -327,7 +315,7 @@ def _open_slots(plan: Plan, slots: Counter[str]) -> tuple[NewPod, ...]:
     return tuple(new)
 
 
-def _ranked(plan: Plan, members: Sequence[PodFacts]) -> WorldPlan:
+def _ranked(plan: JobPlan, members: Sequence[PodFacts]) -> RankedWorld:
     """``plan`` with its slots given to ``members`` (per node, lowest slot first)."""
     remaining = {
         node: sorted((p for p in members if str(p.view.node) == node), key=lambda p: p.view.slot)
@@ -341,7 +329,7 @@ def _ranked(plan: Plan, members: Sequence[PodFacts]) -> WorldPlan:
         order.append(pod.name)
         first_rank[pod.name] = slot.first_rank
         gpu_type[pod.name] = str(slot.gpu_type)
-    return WorldPlan(
+    return RankedWorld(
         order=tuple(order),
         first_rank=first_rank,
         gpu_type=gpu_type,
@@ -368,60 +356,3 @@ def type_mismatch(job: TrainingJob, inventory: Inventory) -> str | None:
         f"no schedulable node has a GPU type in worker.gpuTypes ({', '.join(wanted)}); "
         f"the cluster has {types}"
     )
-
-
-def plan_status(plan: Plan) -> PlanStatus:
-    """The plan as ``status.plan`` records it (integers only, as API conventions ask)."""
-    layout = worker_plan(plan)
-    return PlanStatus(
-        dp=layout.dp,
-        tp=layout.tp,
-        pp=layout.pp,
-        shape=f"{plan.dp}x{plan.tp}x{plan.pp}",
-        micro_batch_size=layout.micro_batch_size,
-        virtual_stages=layout.virtual_stages,
-        schedule=layout.schedule,
-        sharding=layout.sharding,
-        recompute=layout.recompute,
-        gpu_types={str(t.gpu_type): t.gpus for t in plan.types},
-        gpu_summary=",".join(f"{t.gpu_type}:{t.gpus}" for t in plan.types),
-        batch_shares={str(t.gpu_type): t.batch_share for t in plan.types},
-        dp_shares=list(layout.batch_shares),
-        predicted_step_millis=round(plan.predicted.step_time_s * 1000),
-        predicted_tokens_per_second=round(plan.predicted.tokens_per_s),
-        bottleneck=plan.predicted.bottleneck,
-    )
-
-
-def assignment_plan(recorded: PlanStatus, job: TrainingJob) -> WorkerPlan:
-    """The plan the assignments of the world recorded as ``recorded`` carry.
-
-    Equal to ``worker_plan`` of the planner's plan that ``plan_status`` recorded: the planner
-    numbers ranks in the default order (``elastra.planner.placement``) and splits layers with
-    ``split_layers``, so the record needs neither list. The assignment leaves the rank list
-    out (the worker reads an empty one as that same order): listing 64 ranks made 4 KB of
-    every pod, which every watcher of pods receives on each change.
-    """
-    layers = job.spec.model.layers if job.spec.model is not None else 0
-    stages = recorded.pp * recorded.virtual_stages
-    return WorkerPlan(
-        dp=recorded.dp,
-        tp=recorded.tp,
-        pp=recorded.pp,
-        micro_batch_size=recorded.micro_batch_size,
-        batch_shares=tuple(recorded.dp_shares),
-        virtual_stages=recorded.virtual_stages,
-        schedule=_literal(recorded.schedule, SCHEDULES),
-        sharding=_literal(recorded.sharding, SHARDINGS),
-        recompute=_literal(recorded.recompute, RECOMPUTES),
-        ranks=(),
-        stages=split_layers(layers, stages) if layers else (),
-    )
-
-
-def _literal(value: str, allowed: tuple[Choice, ...]) -> Choice:
-    """``value`` as one of ``allowed`` (the status holds plain strings the planner wrote)."""
-    for option in allowed:
-        if option == value:
-            return option
-    raise UserError(f"status.plan: {value!r} is not one of {', '.join(allowed)}")

@@ -35,7 +35,7 @@ from elastra.controller.decide import admission
 from elastra.controller.decide.conditions import invalid_spec_status
 from elastra.controller.decide.manifests import headless_service, is_gated, network_policy
 from elastra.controller.decide.observe import WorkerProgress
-from elastra.controller.decide.passplan import EventType, Observation, PassPlan, plan_pass
+from elastra.controller.decide.passplan import EventType, Observation, PassWrites, plan_pass
 from elastra.controller.decide.status_changes import changed_fields
 from elastra.controller.engine import metrics
 from elastra.controller.engine.progress import ProgressReader
@@ -153,7 +153,7 @@ async def _apply(
     kube: Kube,
     snapshot: ClusterSnapshot,
     raw: JsonDict,
-    plan: PassPlan,
+    plan: PassWrites,
     *,
     service: dict[str, Any],
     settings: OperatorSettings,
@@ -210,7 +210,7 @@ async def _create_and_record(
     kube: Kube,
     snapshot: ClusterSnapshot,
     raw: JsonDict,
-    plan: PassPlan,
+    plan: PassWrites,
     *,
     service: dict[str, Any],
     settings: OperatorSettings,
@@ -303,7 +303,7 @@ async def _refused(kube: Kube, raw: JsonDict, *, err: ApiError, kind: _PodKind) 
 
 
 async def _write_status(
-    kube: Kube, snapshot: ClusterSnapshot, raw: JsonDict, plan: PassPlan, now: datetime
+    kube: Kube, snapshot: ClusterSnapshot, raw: JsonDict, plan: PassWrites, now: datetime
 ) -> None:
     """The status, once, when it changed and is due (``pacing``); the cache holds the answer
     at once, and the time of the pass, from which the next count-only change is paced."""
@@ -332,7 +332,7 @@ async def _write_status(
 
 
 async def _delete_pods(
-    kube: Kube, namespace: str, plan: PassPlan, settings: OperatorSettings
+    kube: Kube, namespace: str, plan: PassWrites, settings: OperatorSettings
 ) -> None:
     force = set(plan.force_deletes)
     await gather_limited(
@@ -407,7 +407,7 @@ async def _create_pods(
         raise
 
 
-def _writes(raw: JsonDict, plan: PassPlan) -> int:
+def _writes(raw: JsonDict, plan: PassWrites) -> int:
     """How many objects a pass changes (0 at steady state: a restarted operator is quiet)."""
     status_write = plan.status_wait is None and plan.status.to_wire() != (raw.get("status") or {})
     return (

@@ -45,7 +45,7 @@ RESERVATION_TTL_S = 60.0
 
 
 @dataclass(frozen=True)
-class Cluster:
+class ClusterState:
     """What every job's pass shares: all nodes, all pods, all TrainingJobs (in tuples that stay
     the same objects until their informer changes, so derived values are cached per change),
     and the pods being created that the cache does not show yet."""
@@ -105,7 +105,7 @@ class ClusterSnapshot:
     jobs: Informer
     classes: Informer | None = None
     """PriorityClasses; ``None`` when nothing reads them (sharing off)."""
-    _cluster: Cluster = field(default_factory=lambda: Cluster((), (), ()))
+    _cluster: ClusterState = field(default_factory=lambda: ClusterState((), (), ()))
     _built: tuple[int, int, int, int] = (-1, -1, -1, -1)
     _reserved: dict[Key, _Reservation] = field(default_factory=dict)
     _slim: PerObject[JsonDict, JsonDict] = field(default_factory=lambda: PerObject(slim_pod))
@@ -155,7 +155,7 @@ class ClusterSnapshot:
         for informer in self.informers:
             await informer.wait_synced()
 
-    def read(self) -> Cluster:
+    def read(self) -> ClusterState:
         """The cluster as cached now, plus reservations (never awaits: see the module doc)."""
         self._rebuild()
         now = time.monotonic()
@@ -176,7 +176,7 @@ class ClusterSnapshot:
         if (nodes, pods, jobs, classes) == self._built:
             return
         was = self._cluster
-        self._cluster = Cluster(
+        self._cluster = ClusterState(
             nodes=was.nodes if nodes == self._built[0] else tuple(self.nodes.items()),
             pods=was.pods if pods == self._built[1] else tuple(self._slim.map(self.pods.items())),
             jobs=was.jobs if jobs == self._built[2] else tuple(self.jobs.items()),
