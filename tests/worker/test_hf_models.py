@@ -1,12 +1,14 @@
 """Models nobody here wrote, trained through plan changes with no hook: Hugging Face's
 ``LlamaForCausalLM`` and ``GPT2LMHeadModel`` (tiny configs, ``worker_image/examples/train_hf.py``)
-under the local launcher, data parallel then FSDP (ZeRO-3, then ZeRO-2 over 3 ranks) then data
-parallel again, against a static data-parallel run: the same samples at every step and the loss
+under the local launcher through data parallel, FSDP (ZeRO-3, ZeRO-2) and, for Llama, tensor
+parallel plans (the known split, no hook) and tensor parallel with FSDP, against a static
+data-parallel run: the same samples at every step and the loss
 within 2% (what the issue asks; in practice the plans differ only in reduction order).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,11 +19,31 @@ pytestmark = pytest.mark.slow
 
 TRAINER = REPO / "worker_image" / "examples" / "train_hf.py"
 STEPS = 12
-SCHEDULE = "2:0,2:3:sharding=full,3:6:sharding=optimizer,2:9"
-# the world starting at each step of SCHEDULE: (its size, whether prepare() sharded the model)
-WORLDS = {3: (2, True), 6: (3, True), 9: (2, False)}
-# the class prepare() returns for a sharded plan (FSDP2 swaps the model's class)
-SHARDED = {"llama": "FSDPLlamaForCausalLM", "gpt2": "FSDPGPT2LMHeadModel"}
+
+
+@dataclass(frozen=True)
+class Case:
+    arch: str
+    schedule: str
+    worlds: dict[int, tuple[int, str]]
+    """The world starting at each step of ``schedule``: its size and the class prepare()
+    returned (FSDP2 swaps the model's class; a tensor-parallel, unsharded plan keeps it)."""
+
+
+CASES = [
+    Case(
+        "gpt2",
+        "2:0,2:3:sharding=full,3:6:sharding=optimizer,2:9",
+        {3: (2, "FSDPGPT2LMHeadModel"), 6: (3, "FSDPGPT2LMHeadModel"),
+         9: (2, "DistributedDataParallel")},
+    ),
+    Case(  # data parallel, then tensor parallel (no hook: the known Llama split), then both
+        "llama",
+        "2:0,2:3:tp=2,4:6:tp=2/sharding=full,3:9:sharding=optimizer",
+        {3: (2, "LlamaForCausalLM"), 6: (4, "FSDPLlamaForCausalLM"),
+         9: (3, "FSDPLlamaForCausalLM")},
+    ),
+]  # fmt: skip
 
 
 def train(tmp: Path, arch: str, schedule: str) -> LocalRun:
@@ -39,18 +61,28 @@ def max_relative_loss_difference(run: LocalRun, static: LocalRun) -> float:
     return max(abs(got[k]["loss"] - want[k]["loss"]) / abs(want[k]["loss"]) for k in range(STEPS))
 
 
-@pytest.mark.parametrize("arch", sorted(SHARDED))
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.arch)
 def test_a_hugging_face_model_trains_through_plan_changes_as_a_static_run(
-    tmp_path: Path, arch: str
+    tmp_path: Path, case: Case
 ) -> None:
-    static = train(tmp_path / "static", arch, "2:0")
-    run = train(tmp_path / "elastic", arch, SCHEDULE)
-    for step, (size, sharded) in WORLDS.items():
-        wrapper = SHARDED[arch] if sharded else "DistributedDataParallel"
+    static = train(tmp_path / "static", case.arch, "2:0")
+    run = train(tmp_path / "elastic", case.arch, case.schedule)
+    for step, (size, wrapper) in case.worlds.items():
         line = f"({wrapper}) from step {step} in a world of {size}"
         assert line in run.output, run.output[-3000:]
     difference = max_relative_loss_difference(run, static)
-    print(f"{arch}: largest relative loss difference to the static run {difference:.2e}")
+    print(f"{case.arch}: largest relative loss difference to the static run {difference:.2e}")
     assert difference < 0.02
     losses = [static.by_step()[k]["loss"] for k in range(STEPS)]
-    assert losses[-1] < losses[0], f"{arch} does not learn: {losses}"
+    assert losses[-1] < losses[0], f"{case.arch} does not learn: {losses}"
+
+
+def test_a_model_with_no_known_tensor_parallel_split_fails_once_with_the_line(
+    tmp_path: Path,
+) -> None:
+    trainer = [str(TRAINER), "--arch", "gpt2", "--dataset-size", "500"]
+    run = run_local(tmp_path, "2:0:tp=2", consistency="data", steps=STEPS, trainer=trainer)
+    assert run.returncode == 2, run.output[-3000:]
+    assert "has no self_attn.q_proj" in run.output and "parallelize=fn" in run.output
+    assert "Traceback" not in run.output, run.output[-3000:]
+    assert run.by_step() == {}

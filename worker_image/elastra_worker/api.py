@@ -82,6 +82,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -467,31 +468,85 @@ class Session:
             raise RuntimeError("session not started: use `with Session.from_env() as sess:`")
         return self._mesh
 
-    def prepare(self, model: nn.Module, *, blocks: str | None = None) -> nn.Module:
+    def prepare(
+        self,
+        model: nn.Module,
+        *,
+        blocks: str | None = None,
+        parallelize: Callable[[nn.Module, DeviceMesh], None] | None = None,
+    ) -> nn.Module:
         """Wrap ``model`` for this consistency mode and plan.
 
         ``none``/``data``: a bare module is wrapped in DDP; DDP or FSDP modules are kept.
         ``bitwise``: the module stays bare (every rank holds a full replica); the session
         reduces gradients itself in share order. FSDP cannot be bitwise (its reduce-scatter
-        order depends on the world size). A plan with tensor or pipeline parallelism needs to
-        know how to split the model: build it with ``elastra_worker.parallel_model`` (the
-        reference model, or your own through a ``ModelRecipe``), which calls ``adopt``.
-        ``blocks`` names the module holding the model's blocks (FSDP's units) where
-        ``parallel.blocks.find_blocks`` would not find them; a wrong path fails under any plan.
+        order depends on the world size).
+
+        A tensor-parallel plan splits the model in place first, over the plan's
+        tensor-parallel group: by ``parallelize(model, tp_mesh)`` when given (your own split,
+        in the style of PyTorch's large-model trainers: ``parallelize_module`` with the styles
+        your layers need), else by the one known block layout (``parallel.known_tp``: the Llama
+        family as Hugging Face lays it out). Sharding (FSDP over the data-parallel group)
+        comes after; without sharding the session sums gradients over the replicas itself.
+        A pipeline plan needs to know where to cut the model: build it with
+        ``elastra_worker.parallel_model`` (the reference model, or yours through a
+        ``ModelRecipe``), which calls ``adopt``.
+
+        ``blocks`` names the module holding the model's blocks (FSDP's units, the blocks the
+        known split applies to) where ``parallel.blocks.find_blocks`` would not find them; a
+        wrong path fails under any plan.
         """
         if blocks is not None:
             from .parallel.blocks import find_blocks  # noqa: PLC0415 - as apply_fsdp below
 
             find_blocks(model, blocks)
-        if self.plan.tp > 1 or self.plan.pp > 1:
+        self._check_preparable(model)
+        if self.plan.tp > 1:
+            self._split_tensor_parallel(model, blocks=blocks, parallelize=parallelize)
+        if self.consistency != "bitwise":
+            model = self._data_parallel(model, blocks=blocks)
+        self._parts = [model]
+        return model
+
+    def _check_preparable(self, model: nn.Module) -> None:
+        """Refuse a plan or module ``prepare`` cannot take, naming what would work."""
+        if self.plan.pp > 1:
             raise PermanentError(
-                f"plan {self.plan.label}: prepare() takes a whole module; tensor and pipeline "
-                "parallel plans need a ModelRecipe (elastra_worker.parallel_model.build_parallel)"
+                f"plan {self.plan.label}: prepare() cannot cut a model into pipeline stages; "
+                "pipeline parallel plans need a ModelRecipe "
+                "(elastra_worker.parallel_model.build_parallel)"
             )
-        if self.consistency == "bitwise":
-            if _averaging_wrapper(model):
-                raise PermanentError("consistency bitwise needs a bare module, not DDP/FSDP")
-        elif self.plan.sharding != "none" and not _is_fsdp(model):
+        if self.consistency == "bitwise" and (_averaging_wrapper(model) or self.plan.tp > 1):
+            raise PermanentError(
+                f"plan {self.plan.label}: consistency bitwise needs a bare module and a data "
+                "parallel plan, not DDP/FSDP or tensor parallelism"
+            )
+
+    def _split_tensor_parallel(
+        self,
+        model: nn.Module,
+        *,
+        blocks: str | None,
+        parallelize: Callable[[nn.Module, DeviceMesh], None] | None,
+    ) -> None:
+        """Split ``model`` in place over the tensor-parallel group (see ``prepare``)."""
+        if _averaging_wrapper(model):
+            raise PermanentError(
+                f"plan {self.plan.label} is tensor parallel: pass prepare() the bare module, "
+                "not DDP/FSDP (tensor parallelism is applied before data parallelism)"
+            )
+        tp_mesh = self.mesh.sub("tp")
+        if parallelize is not None:
+            parallelize(model, tp_mesh)
+            return
+        from .parallel.known_tp import apply_known_tensor_parallel  # noqa: PLC0415 - tp plans
+
+        apply_known_tensor_parallel(model, tp_mesh, blocks=blocks)
+
+    def _data_parallel(self, model: nn.Module, *, blocks: str | None) -> nn.Module:
+        """FSDP for a sharded plan, DDP for a data-parallel one, the module itself when it is
+        tensor parallel and unsharded (the session sums its gradients over the replicas)."""
+        if self.plan.sharding != "none" and not _is_fsdp(model):
             from .parallel.fsdp import apply_fsdp  # noqa: PLC0415 - only sharded plans need it
 
             try:
@@ -504,11 +559,11 @@ class Session:
                     f"plan {self.plan.label} shards the model ({self.plan.sharding}), but "
                     f"prepare() cannot: {err}"
                 ) from None
-        elif not _averaging_wrapper(model):
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            model = DistributedDataParallel(model, device_ids=ids)
-        self._parts = [model]
-        return model
+            return model
+        if self.plan.tp > 1 or _averaging_wrapper(model):
+            return model
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
 
     def adopt(self, parts: Sequence[nn.Module]) -> None:
         """Register modules already parallelized for this plan (one per pipeline stage held)."""
