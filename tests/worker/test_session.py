@@ -213,3 +213,58 @@ def test_clip_grad_norm_gives_the_same_step_under_every_plan(tmp_path: Path) -> 
             assert got_norms == pytest.approx(norms, rel=1e-5), f"rank {rank}, {name}"
             if got_losses:  # only the ranks that compute the loss report it
                 assert got_losses == pytest.approx(losses, rel=1e-5), f"rank {rank}, {name}"
+
+
+READS_TO_HOST = ("item", "cpu", "tolist", "__float__")
+"""The tensor methods that copy to the host (on a GPU: wait for the device)."""
+
+
+def _host_reads_per_micro_batch(rank: int, world: int, root: Path, port: int) -> list[int]:
+    """Four micro-batches of a data-parallel step: the host reads each one made."""
+    dist.destroy_process_group()  # the Session forms its own world, as in a pod
+    a = parse_assignment({
+        "job": "sync", "worldVersion": 1, "rank": rank, "worldSize": world,
+        "masterAddr": "127.0.0.1", "masterPort": port, "plan": {"microBatchSize": 2, "dp": world},
+        "globalBatchSize": 16, "consistency": "data",
+        "checkpoint": {"path": str(root), "intervalSeconds": 0, "keep": 1},
+    })  # fmt: skip
+    reads = [0]
+    originals = {name: getattr(torch.Tensor, name) for name in READS_TO_HOST}
+
+    def counted(name: str) -> Any:
+        def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            reads[0] += 1
+            return originals[name](self, *args, **kwargs)
+
+        return read
+
+    per_micro: list[int] = []
+    with Session(a, rendezvous_timeout_s=60, collective_timeout_s=60,
+                 device=torch.device("cpu")) as sess:  # fmt: skip
+        torch.manual_seed(0)
+        model = sess.prepare(torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sess.restore(model, opt)
+        for batch in sess.batches(dataset_size=64, total_steps=1):
+            for micro in batch:
+                x = torch.arange(len(micro) * 8, dtype=torch.float32).reshape(-1, 8) / 64
+                for name in READS_TO_HOST:
+                    setattr(torch.Tensor, name, counted(name))
+                try:
+                    with micro.sync(model):
+                        micro.backward(model(x).square().mean())
+                finally:
+                    for name, method in originals.items():
+                        setattr(torch.Tensor, name, method)
+                per_micro.append(reads[0])
+                reads[0] = 0
+            sess.step(opt)
+    return per_micro
+
+
+def test_a_micro_batch_reads_nothing_back_to_the_host(tmp_path: Path) -> None:
+    """The step's loss stays on the device until the step ends: on a GPU a host read per
+    micro-batch would wait for the device every time."""
+    results = run_world(_host_reads_per_micro_batch, 2, tmp_path, free_ports(1), timeout=120)
+    assert [len(r) for r in results] == [4, 4]  # 16 sequences, micro-batches of 2, dp 2
+    assert results == [[0] * 4, [0] * 4]

@@ -830,7 +830,8 @@ class Session:
             self._current = StepBatch(self, k, samples, shares)
             self._share_grads = []
             self._scaled = False
-            self._loss_sum = torch.zeros((), dtype=torch.float64)
+            # on the device: a micro-batch's loss is added there, read once per step (_agree)
+            self._loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
             yield self._current
             if self._current is not None:
                 raise RuntimeError("call session.step(optimizer) once per batch")
@@ -930,7 +931,7 @@ class Session:
         """Count a micro-batch's mean loss in the step's reported loss (once per replica)."""
         if self.mesh.computes_loss:
             g = self.assignment.global_batch_size
-            self._loss_sum += loss.detach().to(torch.float64).cpu() * (samples / g)
+            self._loss_sum += loss.detach().to(torch.float64) * (samples / g)  # no host sync
 
     def _backward(self, micro: Micro, loss: torch.Tensor) -> None:
         weighted = loss * self.loss_weight(len(micro))
