@@ -355,6 +355,12 @@ INVALID_SPECS: tuple[InvalidCase, ...] = (
         'supported values: "none", "optimizer", "full"',
     ),
     _same(
+        "batch-not-whole-micro-batches",
+        {"spec.training.microBatchSize": 3},
+        "spec.training.microBatchSize",
+        "globalBatchSize must be a multiple of microBatchSize",
+    ),
+    _same(
         "hidden-not-multiple-of-heads",
         {"spec.model.hiddenSize": 4100},
         "spec.model.hiddenSize",

@@ -378,3 +378,18 @@ def test_the_operators_toleration_counts_like_the_templates(
     assert main(["plan", job, "--cluster", cluster, "--toleration", "sku=gpu:NoExecute"]) == 3
     assert "taint sku=gpu:NoSchedule not tolerated" in capsys.readouterr().out
     assert main(["plan", job, "--cluster", cluster, "--toleration", "sku=gpu:Never"]) == 2
+
+
+@pytest.mark.parametrize(("training", "said"), [({}, True), ({"microBatchSize": 4}, False)])
+def test_a_default_micro_batch_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], training: dict[str, Any], said: bool
+) -> None:
+    body = yaml.safe_load(Path(JOB).read_text())
+    del body["spec"]["model"]
+    body["spec"]["training"].update(training)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(body))
+    assert main(["plan", str(job), "--cluster", NODES]) == 0
+    out = capsys.readouterr().out
+    assert ("Note: micro-batch 1 by default: set training.microBatchSize" in out) is said
+    assert f"mb={training.get('microBatchSize', 1)} " in out

@@ -284,8 +284,27 @@ class TrainingSpec(ApiModel):
         le=2**40,
         description="Optimizer steps of the whole run, when known; weighs resize gains.",
     )
+    micro_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description=(
+            "Sequences per forward and backward pass on one rank. Unset: the planner chooses "
+            "it from spec.model (memory and speed); without a model it uses 1 and the job's "
+            "world event says so. A bitwise job keeps the size its first world ran with."
+        ),
+    )
 
     RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!has(self.microBatchSize) || self.globalBatchSize % self.microBatchSize == 0",
+            message="globalBatchSize must be a multiple of microBatchSize (a step is whole "
+            "micro-batches)",
+            check=lambda t: (
+                t.micro_batch_size is None or t.global_batch_size % t.micro_batch_size == 0
+            ),
+            field=".microBatchSize",
+        ),
         immutable(
             "globalBatchSize",
             parent="training.",

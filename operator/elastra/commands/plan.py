@@ -28,6 +28,7 @@ import yaml
 from elastra.api import load_trainingjob
 from elastra.commands.run import parse_toleration
 from elastra.controller.decide.manifests import worker_constraints
+from elastra.controller.decide.planning import micro_batch_note
 from elastra.controller.settings import OperatorSettings
 from elastra.errors import UserError
 from elastra.planner import (
@@ -101,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**result_to_dict(result), **nodes_to_dict(inventory)}, indent=2))
     else:
         print(render_table(result, inventory, title=f"{job.metadata.name} on {args.cluster}"))
+        if note := micro_batch_note(job):
+            print(f"\nNote: {note}")
     return 0 if result.feasible else EXIT_NO_PLAN
 
 

@@ -56,6 +56,7 @@ def requirements_from_spec(spec: TrainingJobSpec) -> JobRequirements:
         heterogeneous=spec.placement.heterogeneous,
         cpus_per_worker=_cpus(spec.worker.resources.requests.get("cpu", "1")),
         cpu_ranks=spec.worker.cpu_ranks,
+        micro_batch=spec.training.micro_batch_size,
     )
 
 

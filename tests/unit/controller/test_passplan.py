@@ -105,6 +105,20 @@ def test_a_first_world_costs_each_pod_a_create_and_an_ungate_only() -> None:
     assert cluster.job.status.phase == "Running" and cluster.job.status.world.version == 1
 
 
+@pytest.mark.parametrize(
+    ("training", "said"),
+    [({}, True), ({"microBatchSize": 2}, False)],
+)
+def test_a_world_says_when_its_micro_batch_is_a_default(
+    training: dict[str, Any], said: bool
+) -> None:
+    cluster = FakeCluster(job(training={"globalBatchSize": 96, **training}), h100s(4), SETTINGS)
+    (formed,) = cluster.step().events
+    assert formed.reason == "WorldFormed"
+    assert ("micro-batch 1 by default: set training.microBatchSize" in formed.message) is said
+    assert cluster.job.status.plan.micro_batch_size == (training.get("microBatchSize") or 1)
+
+
 def test_a_member_whose_create_failed_as_its_world_was_recorded_is_created_again() -> None:
     cluster = FakeCluster(job(), h100s(4), SETTINGS)
     first = cluster.step(refused=frozenset({"gpt-w3"}))

@@ -30,6 +30,8 @@ from elastra.controller.decide.observe import PodFacts
 from elastra.controller.decide.planning import (
     JobPlanner,
     Placement,
+    job_requirements,
+    micro_batch_note,
     requirements,
 )
 from elastra.controller.settings import OperatorSettings
@@ -274,3 +276,31 @@ def test_scaling_up_forms_a_world_the_batch_does_not_divide(
     assert status.plan is not None and status.plan.dp_shares == shares
     plans = {parse_assignment(assignment(cluster, p)).plan.batch_shares for p in cluster.pods}
     assert plans == {tuple(shares)}
+
+
+@pytest.mark.parametrize(
+    ("training", "model", "recorded", "micro_batch", "noted"),
+    [
+        ({}, None, None, None, True),  # the planner chooses; without a model, 1, and says so
+        ({}, MODEL, None, None, False),  # the planner sizes it from the model
+        ({"microBatchSize": 4}, None, None, 4, False),  # the spec's size
+        ({"microBatchSize": 4, "consistency": "bitwise"}, None, 2, 2, False),  # kept
+        ({"consistency": "bitwise"}, None, None, None, True),
+    ],
+)
+def test_the_micro_batch_comes_from_the_spec_and_a_default_is_said(
+    training: dict[str, Any],
+    model: dict[str, Any] | None,
+    recorded: int | None,
+    micro_batch: int | None,
+    noted: bool,
+) -> None:
+    body = manifest(2, 64, training={"globalBatchSize": 64, **training})
+    if model is not None:
+        body["spec"]["model"] = model
+    if recorded is not None:
+        body["status"] = {"plan": {"dp": 2, "microBatchSize": recorded}}
+    job = parse_trainingjob(body)
+    assert job_requirements(job).micro_batch == micro_batch
+    note = micro_batch_note(job)
+    assert ("set training.microBatchSize" in note) is noted

@@ -75,6 +75,7 @@ from elastra.controller.decide.planning import (
     NewPod,
     Placement,
     RankedWorld,
+    micro_batch_note,
     type_mismatch,
 )
 from elastra.controller.decide.verdicts import Findings, failure, running_verdicts
@@ -429,7 +430,14 @@ def _record_world(ctx: _Pass, decision: ResizeDecision, placement: Placement) ->
     event = EventSpec(
         EventType.WARNING if warn else EventType.NORMAL,
         decision.reason.value,
-        f"world v{recorded.world.version}: {problem or decision.message}",
+        "; ".join(
+            part
+            for part in (
+                f"world v{recorded.world.version}: {problem or decision.message}",
+                micro_batch_note(ctx.job) if formed is not None else "",
+            )
+            if part
+        ),
     )
     return _WorldStep(recorded, problem=problem, events=(event,))
 

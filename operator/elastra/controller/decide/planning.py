@@ -51,6 +51,7 @@ __all__ = [
     "bounded",
     "cluster_inventory",  # lives in ``capacity``; still imported from here by a few tests
     "job_requirements",
+    "micro_batch_note",
     "requirements",
     "type_mismatch",
 ]
@@ -106,13 +107,26 @@ class Relocation:
 
 
 def job_requirements(job: TrainingJob) -> JobRequirements:
-    """The job's requirements, with the micro-batch size pinned to the recorded plan's for a
-    ``consistency: bitwise`` job; ``bounded`` sets the pod count each question asks about."""
+    """The job's requirements: the micro-batch size is ``training.microBatchSize`` (``None``:
+    the planner chooses), pinned to the recorded plan's for a ``consistency: bitwise`` job;
+    ``bounded`` sets the pod count each question asks about."""
+    needs = requirements_from_spec(job.spec)
     recorded = job.status.plan
-    pinned = None
     if job.spec.training.consistency == "bitwise" and recorded is not None:
-        pinned = recorded.micro_batch_size
-    return dataclasses.replace(requirements_from_spec(job.spec), micro_batch=pinned)
+        return dataclasses.replace(needs, micro_batch=recorded.micro_batch_size)
+    return needs
+
+
+def micro_batch_note(job: TrainingJob) -> str:
+    """What a world's event adds when the micro-batch size is a default, not a choice: without
+    ``spec.model`` the planner cannot size it and uses 1 (slow on a GPU), which the user should
+    hear of rather than find in ``status.plan``."""
+    if job.spec.model is not None or job.spec.training.micro_batch_size is not None:
+        return ""
+    return (
+        "micro-batch 1 by default: set training.microBatchSize, or spec.model for the "
+        "planner to size it"
+    )
 
 
 def bounded(needs: JobRequirements, *, replicas: int, minimum: int) -> JobRequirements:
