@@ -7,10 +7,13 @@ Elastra with Helm into namespaces that enforce Pod Security "restricted", runs
 examples/cpu-tiny.yaml (three CPU workers training a tiny GPT over gloo), scales it to two and
 back to three, and checks the workers' own records. The last line is either
 
-    demo: OK worlds=v1(3)->v2(2)->v3(3) steps=N resumed-from=[a,b] data-order=static
+    demo: OK worlds=v1(3)->v2(2)->v3(3) steps=N resumed-from=[a,b] downtime=[Xs,Ys]
+        data-order=static
 
 (world versions with their sizes, the steps trained, the checkpoint step each resize resumed
-from) or ``demo: FAILED <reason>``; the exit status says the same. It shares every step with
+from, how long each resize stopped training: from the end of the step the new world resumed
+from to the end of its first step, as its rank 0 recorded it; on one line) or ``demo: FAILED
+<reason>``; the exit status says the same. It shares every step with
 the e2e suite (e2e/install.py, e2e/elasticjob.py, e2e/trainlog.py).
 """
 
@@ -35,6 +38,7 @@ from e2e.install import (
 from e2e.kube import KubeError
 from e2e.target import EXTERNAL_ENV, target_cluster
 from e2e.trainlog import (
+    StepRecord,
     TrainLogError,
     check_contiguous,
     check_data_order,
@@ -86,7 +90,23 @@ def run_demo(elastra: Elastra, *, steps_per_world: int) -> str:
         raise DemoError(f"a world started at a step no checkpoint was restored at: {spans}")
     worlds = "->".join(f"v{s.version}({s.size})" for s in spans)
     resumed = ",".join(str(s.first_step) for s in spans[1:])
-    return f"worlds={worlds} steps={len(records)} resumed-from=[{resumed}] data-order=static"
+    downtimes = ",".join(_downtime(records, s.first_step) for s in spans[1:])
+    for span in spans[1:]:
+        say(
+            f"world v{span.version} of {span.size}: training stopped "
+            f"{_downtime(records, span.first_step)} (end of the step it resumed from to the end "
+            "of its first step; state from the checkpoint)"
+        )
+    return (
+        f"worlds={worlds} steps={len(records)} resumed-from=[{resumed}] "
+        f"downtime=[{downtimes}] data-order=static"
+    )
+
+
+def _downtime(records: Sequence[StepRecord], step: int) -> str:
+    """The resize downtime rank 0 recorded on ``step`` (a world's first), as ``12.3s``."""
+    seconds = records[step].downtime_s
+    return "?" if seconds is None else f"{seconds:.1f}s"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,8 @@ operator's status alone, that a resized job lost no step and saw the same sample
 a static run. Two sources, both written by the worker runtime (elastra_worker):
 
 - the step log (``ELASTRA_STEP_LOG``, written by rank 0): one JSON object per optimizer step
-  with ``step``, ``worldVersion``, ``worldSize`` and the sorted ``samples`` of that step. A world
+  with ``step``, ``worldVersion``, ``worldSize`` and the sorted ``samples`` of that step (and,
+  on a resumed world's first step, ``resizeDowntimeSeconds``: how long training stopped). A world
   that resumes from a checkpoint rewrites the records of the steps it redoes, so the file holds
   exactly one record per step, each from the world that finally trained it.
 - the worker pods' logs: ``rank 0 committed step N`` when a checkpoint is committed and
@@ -37,6 +38,8 @@ class StepRecord:
     world_version: int
     world_size: int
     samples: tuple[int, ...]
+    downtime_s: float | None = None
+    """On a resumed world's first step: seconds since the end of the step it resumed from."""
 
 
 @dataclass(frozen=True)
@@ -74,11 +77,16 @@ def parse_step_log(text: str) -> list[StepRecord]:
                     world_size=int(raw["worldSize"]),
                     # a plain torchrun script logs no samples: it has no data-order contract
                     samples=tuple(int(s) for s in raw.get("samples", ())),
+                    downtime_s=_seconds(raw.get("resizeDowntimeSeconds")),
                 )
             )
         except (ValueError, KeyError, TypeError) as err:
             raise TrainLogError(f"step log line {number} is not a step record: {err}") from err
     return records
+
+
+def _seconds(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
 
 
 def check_contiguous(records: Sequence[StepRecord]) -> None:

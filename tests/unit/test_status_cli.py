@@ -47,3 +47,16 @@ def test_no_section_when_every_gpu_node_is_usable_and_a_line_when_nodes_are_unre
     assert "Nodes" not in render(job(), [], unusable=[])
     forbidden = "403 Forbidden: nodes is forbidden"
     assert render(job(), [], unusable=forbidden).endswith(f"Nodes: not read ({forbidden})")
+
+
+def test_a_resize_shows_how_long_it_stopped_training_once_measured() -> None:
+    body = base_manifest("gpt")
+    body["metadata"].update(namespace="team-a", uid="u-1")
+    resize = {"fromVersion": 1, "toVersion": 2, "fromReplicas": 3, "toReplicas": 2,
+              "reason": "ScaledDown", "time": "2026-12-04T01:00:00Z"}  # fmt: skip
+    body["status"] = {"resizes": [resize, {**resize, "fromVersion": 2, "toVersion": 3,
+                      "downtimeMillis": 12345, "stateFrom": "storage"}]}  # fmt: skip
+    lines = render(parse_trainingjob(body), [], unusable=[]).split("Resizes:\n", 1)[1]
+    first, second = lines.splitlines()[:2]
+    assert first.endswith("ScaledDown"), "not reported yet: nothing invented"
+    assert second.endswith("ScaledDown  stopped 12.3s (state from storage)")

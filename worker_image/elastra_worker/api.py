@@ -93,6 +93,7 @@ from .checkpoint import Checkpointer
 from .control import CONTROL_DIR_ENV, ControlDir, TrainerStatus
 from .dataorder import DataOrder, Share, rank_shares
 from .devices import GpuCheckError, trainer_device
+from .downtime import ResizeClock
 from .errors import PermanentError, install_hook
 from .exitcodes import RETRYABLE
 from .faults import Faults
@@ -291,6 +292,7 @@ class Session:
         self._step_time = time.monotonic()
         self._samples_per_s = 0.0
         self._restored_manifest: Manifest | None = None
+        self._clock = ResizeClock(self.assignment.world_version)
         self._order: DataOrder | None = None
         self._prev_sigterm: Any = None
         self._objects: dict[str, Stateful] = {}
@@ -769,6 +771,7 @@ class Session:
             osd = {k: state["optim"][k] for k in okeys}
             set_optimizer_state_dict(part, opt, osd, options=_FLAT_OPTIM)
         self._restored_manifest = manifest
+        self._clock.restored(manifest.world_version, manifest.extra)
         saved_plan = manifest.extra.get("plan", "?")
         log.info(
             "rank %d restored step %d (saved by %d ranks, plan %s) into a world of %d (plan %s)",
@@ -1128,7 +1131,17 @@ class Session:
             "precision": self.precision,
             "loss": loss,
             "samples": sorted(batch.samples),
+            **self._clock.stepped(time.time()),
         }
+        if "resizeDowntimeSeconds" in record and self.rank == 0:
+            log.info(
+                "world v%d: first step %.2fs after the step it resumed from (world v%d, state "
+                "from %s)",
+                self.assignment.world_version,
+                record["resizeDowntimeSeconds"],
+                record["resizeFromVersion"],
+                record["stateFrom"],
+            )
         if self.step_log is None:
             return record
         digest = self.params_sha256() if self._hash_is_collective() or self.rank == 0 else None
@@ -1166,6 +1179,7 @@ class Session:
                 "worldVersion": self.assignment.world_version,
                 "worldSize": self.world_size,
                 "plan": self.plan.label,
+                **self._clock.progress(),
             },
         )
 
@@ -1198,6 +1212,7 @@ class Session:
             },
             "consistency": self.consistency,
             "plan": self.plan.label,
+            **self._clock.manifest_extra(),
         }
         state["data"] = {"step": self._step}
         if not wait and self.async_checkpoint and self._async_group is not None:

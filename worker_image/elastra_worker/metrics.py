@@ -67,6 +67,16 @@ class WorkerCollector(Collector):
                 g = GaugeMetricFamily(name, doc)
                 g.add_metric([], float(value))
                 yield g
+        downtime = progress.get("resizeDowntimeSeconds")
+        if isinstance(downtime, int | float):
+            g = GaugeMetricFamily(
+                "elastra_worker_resize_downtime_seconds",
+                "Seconds from the end of the step this world resumed from to the end of its "
+                "first step, by where its state came from (absent in a first world)",
+                labels=["state_from"],
+            )
+            g.add_metric([str(progress.get("stateFrom", ""))], float(downtime))
+            yield g
         c = CounterMetricFamily(
             "elastra_worker_trainer_starts", "Trainer processes started by this agent"
         )

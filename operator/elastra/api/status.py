@@ -186,6 +186,18 @@ class ResizeRecord(StatusModel):
         description="Why: ScaledDown, ScaledUp, WorkerFailed, WorkerLost ..."
     )
     time: Timestamp = Field(description="When the new world was recorded (RFC 3339).")
+    downtime_millis: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Milliseconds from the end of the step the new world resumed from to the end of its "
+            "first step, as its rank 0 measured them (unset until it reports)."
+        ),
+    )
+    state_from: Annotated[str, StringConstraints(max_length=16)] | None = Field(
+        default=None,
+        description="Where the new world's state came from: storage (the committed checkpoint).",
+    )
 
 
 class CapacityRequestState(StrEnum):

@@ -138,6 +138,11 @@ def render(
         lines += [
             f"  {r.time}  v{r.from_version}->v{r.to_version}  "
             f"{r.from_replicas}->{r.to_replicas} pods  {r.reason}"
+            + (
+                ""
+                if r.downtime_millis is None
+                else f"  stopped {r.downtime_millis / 1000:.1f}s (state from {r.state_from})"
+            )
             for r in status.resizes[-5:]
         ]
     if events:

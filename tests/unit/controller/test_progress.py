@@ -11,10 +11,13 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
 from elastra.controller.decide.observe import WorkerProgress, parse_metrics, rank0_address
 from elastra.controller.decide.passplan import Observation, plan_pass
+from elastra.controller.engine import metrics
 from elastra.controller.engine.progress import MAX_METRICS_BYTES, fetch_metrics
+from elastra_worker.metrics import WorkerCollector
 from tests.unit.controller.fakecluster import FakeCluster, node
 from tests.unit.controller.test_passplan import SETTINGS, h100s, job
 
@@ -146,3 +149,63 @@ def test_the_current_worlds_report_is_recorded_and_an_old_worlds_ignored() -> No
     )
     stale = WorkerProgress(step=7, samples_per_second=1.0, last_checkpoint_step=5, world_version=0)
     assert pass_with(cluster, stale) == cluster.job.status.progress
+
+
+def worker_page(progress: dict[str, Any]) -> str:
+    """The page a worker's agent serves for ``progress`` (the exposition format, as scraped)."""
+    registry = CollectorRegistry()
+    registry.register(WorkerCollector(lambda: progress, lambda: {"worldVersion": 2}))
+    return generate_latest(registry).decode()
+
+
+@pytest.mark.parametrize(
+    ("reported", "downtime", "state_from"),
+    [
+        ({"resizeDowntimeSeconds": 7.25, "stateFrom": "storage"}, 7.25, "storage"),
+        ({"resizeDowntimeSeconds": 7.25, "stateFrom": 'a"b'}, 7.25, None),  # unknown source
+        ({}, None, None),  # a first world reports none
+    ],
+)
+def test_the_resize_downtime_a_worker_exports_is_what_the_operator_reads(
+    reported: dict[str, Any], downtime: float | None, state_from: str | None
+) -> None:
+    page = worker_page({"step": 9, "samplesPerSecond": 3.0, **reported})
+    read = parse_metrics(page)
+    assert read is not None and read.world_version == 2
+    assert (read.resize_downtime_s, read.state_from) == (downtime, state_from)
+
+
+def downtime_sum() -> float:
+    sample = REGISTRY.get_sample_value(
+        "elastra_resize_downtime_seconds_sum", {"state_from": "storage"}
+    )
+    return sample or 0.0
+
+
+def test_the_last_resize_gains_its_downtime_once_and_the_histogram_counts_it() -> None:
+    cluster = FakeCluster(job(replicas=3), h100s(3), SETTINGS)
+    cluster.converge()
+    cluster.job_body["spec"]["replicas"] = 2
+    cluster.converge()
+    last = cluster.job.status.resizes[-1]
+    assert last.downtime_millis is None and last.to_version == 2
+    old = WorkerProgress(step=9, samples_per_second=1.0, last_checkpoint_step=8, world_version=1,
+                         resize_downtime_s=99.0, state_from="storage")  # fmt: skip
+    pods = list(cluster.pods.values())
+
+    def resizes(report: WorkerProgress) -> Any:
+        obs = Observation(cluster.job, pods, cluster.nodes, pods, progress=report)
+        return plan_pass(obs, SETTINGS, cluster.now).status.resizes
+
+    assert resizes(old)[-1].downtime_millis is None, "an older world's figure is not this one's"
+    new = WorkerProgress(step=12, samples_per_second=1.0, last_checkpoint_step=8, world_version=2,
+                         resize_downtime_s=4.5, state_from="storage")  # fmt: skip
+    measured = resizes(new)
+    assert (measured[-1].downtime_millis, measured[-1].state_from) == (4500, "storage")
+    assert measured[:-1] == cluster.job.status.resizes[:-1]
+    before = cluster.job_body.get("status") or {}
+    start = downtime_sum()
+    status = cluster.job.status.model_copy(update={"resizes": measured})
+    metrics.observe_downtime(before, status)
+    metrics.observe_downtime(status.to_wire(), status)  # the next pass: already counted
+    assert downtime_sum() - start == pytest.approx(4.5)

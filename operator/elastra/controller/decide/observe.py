@@ -299,7 +299,11 @@ GAUGES = {
     "elastra_worker_samples_per_second": "samples_per_second",
     "elastra_worker_last_checkpoint_step": "last_checkpoint_step",
     "elastra_worker_world_version": "world_version",
+    "elastra_worker_resize_downtime_seconds": "resize_downtime_s",
 }
+STATE_SOURCES = ("storage",)
+"""Where a new world's state can come from (``elastra_worker.downtime``); anything else a
+worker reports is not recorded."""
 
 
 @dataclass(frozen=True)
@@ -310,6 +314,10 @@ class WorkerProgress:
     samples_per_second: float
     last_checkpoint_step: int | None
     world_version: int | None
+    resize_downtime_s: float | None = None
+    """The world's resume gap (``elastra_worker.downtime``); ``None`` in a first world."""
+    state_from: str | None = None
+    """Where that world's state came from (the gauge's ``state_from`` label)."""
 
 
 def parse_metrics(text: str) -> WorkerProgress | None:
@@ -319,13 +327,17 @@ def parse_metrics(text: str) -> WorkerProgress | None:
     or a negative value is a broken or hostile worker and is ignored, never an exception.
     """
     values: dict[str, float] = {}
+    state_from: str | None = None
     for line in text.splitlines():
         if line.startswith("#") or not line.strip():
             continue
         name, _, rest = line.partition(" ")
+        name, labels = _labels(name)
         key = GAUGES.get(name)
         if key is None:
             continue
+        if key == "resize_downtime_s":
+            state_from = labels.get("state_from")
         try:
             value = float(rest.split()[0])
         except (IndexError, ValueError):
@@ -341,7 +353,23 @@ def parse_metrics(text: str) -> WorkerProgress | None:
         samples_per_second=values.get("samples_per_second", 0.0),
         last_checkpoint_step=int(checkpoint) if checkpoint is not None else None,
         world_version=int(version) if version is not None else None,
+        resize_downtime_s=values.get("resize_downtime_s"),
+        state_from=state_from if state_from in STATE_SOURCES else None,
     )
+
+
+def _labels(sample: str) -> tuple[str, dict[str, str]]:
+    """``name{a="x",b="y"}`` -> (name, labels); values holding quotes or commas are not
+    expected from a worker and make the label unreadable, never an exception."""
+    name, brace, rest = sample.partition("{")
+    if not brace:
+        return name, {}
+    labels: dict[str, str] = {}
+    for pair in rest.rstrip("}").split(","):
+        key, eq, value = pair.partition("=")
+        if eq and value.startswith('"') and value.endswith('"') and len(value) >= 2:
+            labels[key.strip()] = value[1:-1]
+    return name, labels
 
 
 def rank0_address(

@@ -576,6 +576,7 @@ def _report(
             "ready_replicas": sum(1 for f in members if f.view.state is WorkerState.READY),
             "selector": selector(job.metadata.name),
             "progress": _progress(job.status, ctx.progress, version=recorded.world.version),
+            "resizes": _with_downtime(recorded.resizes, ctx.progress),
             "capacity_request": requests.record,
         }
     )
@@ -847,6 +848,22 @@ def _progress(
         samples_per_second=round(read.samples_per_second),
         last_checkpoint_step=read.last_checkpoint_step,
     )
+
+
+def _with_downtime(resizes: list[ResizeRecord], read: WorkerProgress | None) -> list[ResizeRecord]:
+    """The last resize with the downtime its new world's rank 0 reported, once."""
+    if not resizes or read is None or read.resize_downtime_s is None:
+        return resizes
+    last = resizes[-1]
+    if last.downtime_millis is not None or read.world_version != last.to_version:
+        return resizes
+    measured = last.model_copy(
+        update={
+            "downtime_millis": round(read.resize_downtime_s * 1000),
+            "state_from": read.state_from,
+        }
+    )
+    return [*resizes[:-1], measured]
 
 
 def _remaining_seconds(job: TrainingJob) -> float | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -22,6 +24,13 @@ RECONCILE_SECONDS = Histogram(
 )
 PODS_CREATED = Counter("elastra_pods_created_total", "Worker pods created (placements)")
 RESIZES = Counter("elastra_resizes_total", "New world versions formed", ["reason"])
+RESIZE_DOWNTIME = Histogram(
+    "elastra_resize_downtime_seconds",
+    "From the end of the step a new world resumed from to the end of its first step, as its "
+    "rank 0 reported it (status.resizes[].downtimeMillis)",
+    ["state_from"],
+    buckets=(1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600),
+)
 RESTARTS = Gauge("elastra_job_restarts", "Failure-driven restarts per job", ["namespace", "job"])
 LEADER = Gauge("elastra_leader", "1 while this operator holds the Lease and may write")
 SYNCED = Gauge(
@@ -50,3 +59,14 @@ def _publish() -> None:
     counts = collections.Counter(_phases.values())
     for phase in Phase:
         JOBS.labels(phase=str(phase)).set(counts[phase])
+
+
+def observe_downtime(before: Mapping[str, Any], after: TrainingJobStatus) -> None:
+    """Count the last resize's downtime in the histogram the pass it is first recorded."""
+    last = after.resizes[-1] if after.resizes else None
+    if last is None or last.downtime_millis is None:
+        return
+    recorded = (before.get("resizes") or [{}])[-1]
+    if recorded.get("toVersion") == last.to_version and "downtimeMillis" in recorded:
+        return
+    RESIZE_DOWNTIME.labels(state_from=last.state_from or "").observe(last.downtime_millis / 1000)

@@ -312,6 +312,7 @@ async def _write_status(
         return
     written = await resources.replace_job_status(kube, {**raw, "status": new_status})
     snapshot.wrote_job(raw, written, at=now)
+    metrics.observe_downtime(raw.get("status") or {}, plan.status)
     if log.isEnabledFor(logging.DEBUG):
         job = f"{raw['metadata']['namespace']}/{raw['metadata']['name']}"
         changed = changed_fields(raw.get("status") or {}, new_status)
