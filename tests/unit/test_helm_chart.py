@@ -816,6 +816,8 @@ def worker_series() -> dict[str, set[str]]:
         "stepSeconds": 0.5,
         "tokensPerSecond": 100.0,
         "lastCheckpointStep": 2,
+        "resizeDowntimeSeconds": 4.5,  # a resumed world's first step reported it
+        "stateFrom": "storage",
     }
     state = {"worldVersion": 2, "worldSize": 4, "rank": 0, "trainerStarts": 2}
     collector = WorkerCollector(lambda: progress, lambda: state)
