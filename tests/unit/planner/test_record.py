@@ -8,25 +8,16 @@ import pytest
 
 from elastra.api import PlanStatus
 from elastra.errors import UserError
-from elastra.planner import JobPlan, JobRequirements, ModelShape, plan_job
+from elastra.planner import JobPlan, plan_job
 from elastra.planner.record import assignment_plan, plan_status
 from elastra_worker.assignment import default_coords
 
 from .nodes import fleet
+from .test_search import job
 
-LLAMA_7B = ModelShape(32, 4096, 11008, 32, 32, 32000, 4096)
 
-
-def best(**job: object) -> JobPlan:
-    fields: dict[str, object] = {
-        "global_batch_size": 512,
-        "replicas": 4,
-        "min_replicas": 1,
-        "gpus_per_worker": 8,
-        "model": LLAMA_7B,
-    }
-    fields.update(job)
-    result = plan_job(JobRequirements(**fields), fleet(h100=2, a100=2))  # type: ignore[arg-type]
+def best(**fields: object) -> JobPlan:
+    result = plan_job(job(**{"replicas": 4, **fields}), fleet(h100=2, a100=2))
     assert result.plans, result.reason
     return result.plans[0]
 
