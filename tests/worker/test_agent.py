@@ -23,7 +23,7 @@ import pytest
 
 from elastra_worker import exitcodes
 from elastra_worker.launcher import free_port
-from elastra_worker.layout import CheckpointRoot
+from elastra_worker.layout import CheckpointRoot, pointer_step
 from elastra_worker.standby import warm_command
 
 from .conftest import EXAMPLE, quiet_env, wait_for
@@ -144,6 +144,29 @@ def test_the_sigterm_deadline_is_the_grace_the_operator_passes(tmp_path: Path) -
     assert proc.wait(timeout=60) == exitcodes.RETRYABLE  # killed: nothing was checkpointed
     waited = time.monotonic() - asked
     assert 3.0 <= waited < 20.0, f"the agent waited {waited:.1f}s after SIGTERM"
+
+
+@pytest.mark.slow
+def test_a_90s_grace_lets_a_60s_checkpoint_finish(tmp_path: Path) -> None:
+    """SIGTERM (eviction, spot reclaim) with the pod's grace of 90 s: a Session trainer whose
+    save takes 60 s (a slow volume, injected) commits its checkpoint and the pod exits 0. With
+    the old 25 s deadline the agent killed it mid-save."""
+    ckpt = tmp_path / "ckpt"
+    write(tmp_path, assignment(1, port=free_port(), ckpt=str(ckpt)))
+    command = [sys.executable, str(EXAMPLE), "--dataset-size", "5000"]
+    env = {"ELASTRA_GRACE_SECONDS": "90", "ELASTRA_FAULT_SAVE_DELAY_SECONDS": "60"}
+    proc = start_agent(tmp_path, command, args=(), env=env)
+    progress = tmp_path / "ctl" / "progress-0.json"
+    wait_for(progress.exists, 180, "the trainer's first step")
+    asked = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=150) == exitcodes.OK, "stopped with a committed checkpoint"
+    waited = time.monotonic() - asked
+    assert 60.0 <= waited < 90.0, f"the agent waited {waited:.1f}s after SIGTERM"
+    status = json.loads((tmp_path / "ctl" / "status-0.json").read_text())
+    assert status["state"] == "stopped" and status["checkpointStep"] == status["step"]
+    latest = ckpt / "t" / "latest"
+    assert pointer_step(latest.read_bytes(), where=str(latest)) == status["step"]
 
 
 def test_crashed_trainer_is_retryable(tmp_path: Path) -> None:

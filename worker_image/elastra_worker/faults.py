@@ -1,4 +1,5 @@
-"""Fault injection for tests and the local launcher: kill this trainer at a chosen point.
+"""Fault injection for tests and the local launcher: kill this trainer at a chosen point, or
+make its saves slow.
 
 Set by ``elastra-worker local --fail`` on one pod only, or ``--chaos`` on every trainer: there
 each trainer dies at random, in the middle of a step with one probability and between writing
@@ -15,11 +16,14 @@ import os
 import random
 import signal
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 KILL_AT_STEP_ENV = "ELASTRA_FAULT_KILL_AT_STEP"
 KILL_IN_SAVE_ENV = "ELASTRA_FAULT_KILL_IN_SAVE"
+SAVE_DELAY_ENV = "ELASTRA_FAULT_SAVE_DELAY_SECONDS"
+"""Every save waits this long after writing its shards, before the commit: a slow volume."""
 CHAOS_ENV = "ELASTRA_FAULT_CHAOS"
 """``SEED:P_STEP:P_SAVE``: kill with probability P_STEP in each step, P_SAVE in each save."""
 FAULT_LINE = "elastra-fault: rank {rank} of world v{version} killed {where} {step}"
@@ -64,13 +68,16 @@ class Faults:
 
     kill_at_step: int | None = None
     kill_in_save: int | None = None
+    save_delay_s: float = 0.0
+    """Seconds every save waits before its commit (a slow volume, for grace-period tests)."""
     chaos: Chaos | None = None
     environ: Mapping[str, str] | None = None
     """The trainer's environment: rank and world version for the chaos draw and the line."""
 
     @staticmethod
     def from_env(environ: Mapping[str, str]) -> Faults:
-        """Read ``ELASTRA_FAULT_KILL_AT_STEP`` / ``ELASTRA_FAULT_KILL_IN_SAVE``."""
+        """Read ``ELASTRA_FAULT_KILL_AT_STEP``, ``ELASTRA_FAULT_KILL_IN_SAVE`` and
+        ``ELASTRA_FAULT_SAVE_DELAY_SECONDS``."""
 
         def opt(name: str) -> int | None:
             raw = environ.get(name, "")
@@ -80,6 +87,7 @@ class Faults:
         return Faults(
             kill_at_step=opt(KILL_AT_STEP_ENV),
             kill_in_save=opt(KILL_IN_SAVE_ENV),
+            save_delay_s=float(environ.get(SAVE_DELAY_ENV) or 0.0),
             chaos=Chaos.parse(chaos) if chaos else None,
             environ=dict(environ),
         )
@@ -91,6 +99,8 @@ class Faults:
 
     def in_save(self, step: int) -> None:
         """Called after this rank's shards of checkpoint ``step`` are written, before commit."""
+        if self.save_delay_s > 0:
+            time.sleep(self.save_delay_s)
         if self.kill_in_save == step or self._draw(IN_SAVE, step):
             _kill_self(IN_SAVE, step, self.environ or {})
 
