@@ -294,6 +294,11 @@ def agents() -> Iterator[list[subprocess.Popen[str]]]:
             proc.wait()
 
 
+def claim(tmp_path: Path) -> str:
+    """A checkpoint claim in the test's folder: torchrun mode makes the job's folder in it."""
+    return str(tmp_path / "claim")
+
+
 def plain(tmp_path: Path, mode: str) -> list[str]:
     return [sys.executable, "-c", FAKE_PLAIN_SCRIPT, str(tmp_path / "events.jsonl"), mode]
 
@@ -303,7 +308,7 @@ def test_torchrun_mode_sigterms_and_restarts_the_script_per_world_version(
 ) -> None:
     log = tmp_path / "events.jsonl"
     ports = [free_port(), free_port()]
-    write(tmp_path, assignment(1, port=ports[0], ckpt="/ck"))
+    write(tmp_path, assignment(1, port=ports[0], ckpt=claim(tmp_path)))
     agents.append(start_agent(tmp_path, plain(tmp_path, "forever"), args=["--launch", "torchrun"]))
     wait_for(lambda: len(starts(log)) == 1, 30, "the script in world version 1")
     first = starts(log)[0]
@@ -312,12 +317,12 @@ def test_torchrun_mode_sigterms_and_restarts_the_script_per_world_version(
         "GROUP_RANK": "0", "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(ports[0]), "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_RUN_ID": "t", "TORCHELASTIC_MAX_RESTARTS": "10",
-        "ELASTRA_CHECKPOINT_DIR": "/ck", "ELASTRA_WORLD_VERSION": "1",
+        "ELASTRA_CHECKPOINT_DIR": str(tmp_path / "claim" / "t"), "ELASTRA_WORLD_VERSION": "1",
         "ELASTRA_GLOBAL_BATCH_SIZE": "24", "ELASTRA_ASSIGNMENT_JSON": None,
         "ELASTRA_CONTROL_DIR": None,
     }  # fmt: skip
 
-    write(tmp_path, assignment(2, rank=1, size=2, port=ports[1], ckpt="/ck"))
+    write(tmp_path, assignment(2, rank=1, size=2, port=ports[1], ckpt=claim(tmp_path)))
     wait_for(lambda: len(starts(log)) == 2, 30, "the script in world version 2")
     assert [e["event"] for e in events(log)] == ["start", "sigterm", "start"]
     second = starts(log)[1]
@@ -335,7 +340,7 @@ def test_torchrun_mode_kills_a_script_that_ignores_sigterm_after_the_grace(
     tmp_path: Path, agents: list[subprocess.Popen[str]]
 ) -> None:
     log = tmp_path / "events.jsonl"
-    write(tmp_path, assignment(1, port=free_port()))
+    write(tmp_path, assignment(1, ckpt=claim(tmp_path), port=free_port()))
     agents.append(
         start_agent(
             tmp_path, plain(tmp_path, "ignore"), args=["--launch", "torchrun", "--grace", "1"]
@@ -343,7 +348,7 @@ def test_torchrun_mode_kills_a_script_that_ignores_sigterm_after_the_grace(
     )
     wait_for(lambda: len(starts(log)) == 1, 30, "the script in world version 1")
     asked = time.monotonic()
-    write(tmp_path, assignment(2, port=free_port()))
+    write(tmp_path, assignment(2, ckpt=claim(tmp_path), port=free_port()))
     wait_for(lambda: len(starts(log)) == 2, 30, "the script in world version 2")
     assert time.monotonic() - asked >= 1.0  # the grace period was given
     assert [e["event"] for e in events(log)] == ["start", "sigterm", "start"]
@@ -356,7 +361,7 @@ def test_torchrun_mode_kills_a_script_that_ignores_sigterm_after_the_grace(
 def test_torchrun_mode_exit_0_is_done_and_a_crash_is_retryable(
     tmp_path: Path, mode: str, code: int, phase: str
 ) -> None:
-    write(tmp_path, assignment(1, port=free_port()))
+    write(tmp_path, assignment(1, ckpt=claim(tmp_path), port=free_port()))
     proc = start_agent(tmp_path, plain(tmp_path, mode), env={"ELASTRA_LAUNCH": "torchrun"})
     assert proc.wait(timeout=60) == code
     assert agent_state(tmp_path)["phase"] == phase
@@ -365,16 +370,32 @@ def test_torchrun_mode_exit_0_is_done_and_a_crash_is_retryable(
     )  # torchrun mode by $ELASTRA_LAUNCH
 
 
+def test_torchrun_mode_an_unusable_checkpoint_folder_is_permanent_before_the_script(
+    tmp_path: Path,
+) -> None:
+    """The job's folder cannot be made (the claim is a regular file): exit 2 with the line."""
+    (tmp_path / "claim").write_text("not a folder")
+    write(tmp_path, assignment(1, ckpt=claim(tmp_path), port=free_port()))
+    proc = start_agent(
+        tmp_path, plain(tmp_path, "exit0"), args=["--launch", "torchrun"], stderr=subprocess.PIPE
+    )
+    assert proc.wait(timeout=60) == exitcodes.CONFIG
+    assert proc.stderr is not None
+    assert f"checkpoint root {tmp_path / 'claim' / 't'} is not usable" in proc.stderr.read()
+    assert starts(tmp_path / "events.jsonl") == []
+
+
 def test_unknown_launch_mode_is_a_permanent_error(tmp_path: Path) -> None:
-    write(tmp_path, assignment(1, port=free_port()))
+    write(tmp_path, assignment(1, ckpt=claim(tmp_path), port=free_port()))
     proc = start_agent(tmp_path, plain(tmp_path, "exit0"), env={"ELASTRA_LAUNCH": "mpirun"})
     assert proc.wait(timeout=60) == exitcodes.CONFIG
 
 
 def test_torchrun_mode_exit_0_as_a_new_world_is_assigned_is_a_stop(tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl"
-    write(tmp_path, assignment(1, port=free_port()))
-    (tmp_path / "next-assignment").write_text(assignment(2, port=free_port()))
+    write(tmp_path, assignment(1, ckpt=claim(tmp_path), port=free_port()))
+    staged = assignment(2, ckpt=claim(tmp_path), port=free_port())
+    (tmp_path / "next-assignment").write_text(staged)
     proc = start_agent(
         tmp_path, plain(tmp_path, "resize-then-exit0"), args=["--launch", "torchrun"]
     )

@@ -39,10 +39,11 @@ from . import exitcodes
 from .assignment import Assignment, AssignmentError, read_assignment_file
 from .control import CONTROL_DIR_ENV, ControlDir
 from .cpushare import with_threads
+from .layout import UnusableRootError
 from .lifeline import PARENT_PID_ENV
 from .standby import warm_command
 from .termination import report_permanent
-from .torchrun import Launch, cold_command, torchrun_env
+from .torchrun import Launch, cold_command, prepare_checkpoint_dir, torchrun_env
 
 log = logging.getLogger(__name__)
 
@@ -247,6 +248,12 @@ class Agent:
             a.rank + a.local_world_size - 1,
             a.world_size,
         )
+        if self.config.launch == "torchrun":
+            try:
+                prepare_checkpoint_dir(a)
+            except UnusableRootError as err:  # no world of this job could ever save
+                report_permanent(str(err))
+                return "invalid"
         warm = bool(self._standbys)
         procs = [self._start_trainer(self._trainer_env(a, lr)) for lr in range(a.local_world_size)]
         self._worlds_started += 1

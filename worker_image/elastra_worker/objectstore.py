@@ -36,7 +36,7 @@ from typing import Any
 
 import fsspec
 
-from .assignment import split_checkpoint_uri
+from .assignment import job_checkpoint_uri, split_checkpoint_uri
 from .layout import (
     LATEST,
     MANIFEST,
@@ -96,11 +96,10 @@ class ObjectCheckpointRoot:
     """One job's checkpoint root in an object store: ``<uri>/<job>/`` (``CheckpointStore``)."""
 
     def __init__(self, uri: str, *, job: str) -> None:
-        if not job or "/" in job or "\0" in job or job in (".", ".."):
-            raise ValueError(f"job name {job[:80]!r} cannot name a prefix")
-        self.scheme, self.bucket, prefix = split_checkpoint_uri(uri)
+        own = job_checkpoint_uri(uri, job)
+        self.scheme, self.bucket, _ = split_checkpoint_uri(own)
         self.job = job
-        self.path = "/".join(p for p in (self.bucket, prefix, job) if p)
+        self.path = own.removeprefix(f"{self.scheme}://")
         """The root as fsspec names it: ``bucket/prefix/job``, no scheme."""
         self._fs: Any = None
 

@@ -29,17 +29,25 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
-from .assignment import POD_GPUS_ENV, PRECISION_ENV, Assignment
+from .assignment import POD_GPUS_ENV, PRECISION_ENV, Assignment, job_checkpoint_uri
+from .layout import job_root, probe_writable
 from .lifeline import PARENT_PID_ENV, arm_from_env
 
 Launch = Literal["elastra", "torchrun"]
 LAUNCHES: tuple[Launch, ...] = ("elastra", "torchrun")
 LAUNCH_ENV = "ELASTRA_LAUNCH"
 MAX_RESTARTS_ENV = "ELASTRA_MAX_RESTARTS"
-DEFAULT_MAX_RESTARTS = 10  # the TrainingJob's default spec.maxRestarts
+DEFAULT_MAX_RESTARTS = 10  # the TrainingJob's default failurePolicy.maxRestarts
+CHECKPOINT_DIR_ENV = "ELASTRA_CHECKPOINT_DIR"
+CHECKPOINT_URI_ENV = "ELASTRA_CHECKPOINT_URI"
+DEFAULT_STAGING = os.path.join(tempfile.gettempdir(), "elastra-checkpoints")
+"""Where the staging folder goes when an assignment names only ``checkpoint.uri`` (the operator
+always names a path: the pod's checkpoint volume)."""
 
 # Variables of the agent's environment a plain script must not inherit: the agent store flag
 # would make rank 0 look for a store nobody hosts; the Session variables would make a script
@@ -66,7 +74,8 @@ def torchrun_env(
 ) -> dict[str, str]:
     """The environment of local rank ``local_rank`` of world ``a``, as torchrun would set it.
 
-    Plus ``ELASTRA_CHECKPOINT_DIR`` (where to checkpoint), ``ELASTRA_WORLD_VERSION``,
+    Plus ``ELASTRA_CHECKPOINT_DIR`` (where to checkpoint: ``checkpoint_dir``), with
+    ``checkpoint.uri`` ``ELASTRA_CHECKPOINT_URI`` (the job's own prefix), ``ELASTRA_WORLD_VERSION``,
     ``ELASTRA_GLOBAL_BATCH_SIZE`` (to keep the global batch fixed across world sizes),
     ``ELASTRA_PRECISION`` (``training.precision``: the script applies it) and
     ``ELASTRA_POD_GPUS`` (the pod's GPUs, checked before the script starts).
@@ -90,7 +99,7 @@ def torchrun_env(
             "TORCHELASTIC_RESTART_COUNT": str(restart_count),
             "TORCHELASTIC_MAX_RESTARTS": base.get(MAX_RESTARTS_ENV, str(DEFAULT_MAX_RESTARTS)),
             "TORCHELASTIC_RUN_ID": a.job,
-            "ELASTRA_CHECKPOINT_DIR": a.checkpoint.path,
+            CHECKPOINT_DIR_ENV: str(checkpoint_dir(a)),
             "ELASTRA_WORLD_VERSION": str(a.world_version),
             "ELASTRA_GLOBAL_BATCH_SIZE": str(a.global_batch_size),
             "ELASTRA_JOB": a.job,
@@ -99,9 +108,22 @@ def torchrun_env(
             PARENT_PID_ENV: str(os.getpid()),
         }
     )
-    if a.checkpoint.uri:  # the script writes there itself (fsspec/s3fs are in the image)
-        env["ELASTRA_CHECKPOINT_URI"] = a.checkpoint.uri
+    if a.checkpoint.uri:  # the script uploads there itself (fsspec/s3fs are in the image)
+        env[CHECKPOINT_URI_ENV] = job_checkpoint_uri(a.checkpoint.uri, a.job)
     return env
+
+
+def checkpoint_dir(a: Assignment) -> Path:
+    """The script's ``$ELASTRA_CHECKPOINT_DIR``: the job's own folder on ``checkpoint.path``,
+    the one the Session uses (``layout.job_root``), so jobs sharing a claim never meet. With
+    ``checkpoint.uri`` it is on the pod's own volume: a local staging folder."""
+    return job_root(a.checkpoint.path or DEFAULT_STAGING, a.job)
+
+
+def prepare_checkpoint_dir(a: Assignment) -> None:
+    """Create the job's checkpoint folder and check it takes a durable write, before the script
+    starts: UnusableRootError (a permanent error) naming the folder and the errno otherwise."""
+    probe_writable(checkpoint_dir(a))
 
 
 def cold_command(command: list[str]) -> list[str]:
