@@ -525,7 +525,7 @@ INVALID_SPECS: tuple[InvalidCase, ...] = (
         "template-worker-reserved-env",
         _worker_entry(env=[{"name": "POD_NAME", "value": "me"}]),
         CONTAINERS,
-        "ELASTRA_METRICS_PORT, POD_NAME, ELASTRA_LAUNCH or ELASTRA_MODEL: Elastra sets",
+        "POD_NAME, ELASTRA_LAUNCH, ELASTRA_MODEL or ELASTRA_MAX_RESTARTS: Elastra sets",
     ),
     _same(
         "template-worker-mounts-over-shm",

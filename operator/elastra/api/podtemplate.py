@@ -45,8 +45,10 @@ RESERVED_ENV = (
     "POD_NAME",
     "ELASTRA_LAUNCH",
     "ELASTRA_MODEL",
+    "ELASTRA_MAX_RESTARTS",
 )
 """Environment variables Elastra sets in the worker container."""
+RESERVED_ENV_TEXT = f"{', '.join(RESERVED_ENV[:-1])} or {RESERVED_ENV[-1]}"
 
 RESERVED_MOUNT_PATHS = ("/etc/elastra", "/dev/shm", "/tmp")
 """Where Elastra mounts the assignment, shared memory and scratch space in the worker."""
@@ -367,9 +369,8 @@ class TemplateContainer(ApiModel):
                 f"self.env.all(e, !(e.name in {_in(RESERVED_ENV)}))"
             ),
             message=(
-                "the worker container's env may not set ELASTRA_ASSIGNMENT_FILE, "
-                "ELASTRA_METRICS_PORT, POD_NAME, ELASTRA_LAUNCH or ELASTRA_MODEL: Elastra sets "
-                "them (from spec.worker.launch and spec.model)"
+                f"the worker container's env may not set {RESERVED_ENV_TEXT}: Elastra sets "
+                "them (from spec.worker.launch, spec.model and spec.failurePolicy)"
             ),
             check=lambda c: (
                 c.name != WORKER_CONTAINER or not any(e.name in RESERVED_ENV for e in c.env or ())

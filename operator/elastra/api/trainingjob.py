@@ -27,7 +27,7 @@ from elastra.api.formats import (
     GpuTypeName,
     Size,
 )
-from elastra.api.podtemplate import PodSecurity, PodTemplate, ResourceRequirements
+from elastra.api.podtemplate import RESERVED_ENV, PodSecurity, PodTemplate, ResourceRequirements
 from elastra.api.rules import Rule, immutable
 
 MAX_REPLICAS = 4096
@@ -143,8 +143,7 @@ class WorkerSpec(ApiModel):
         description=(
             "Literal environment variables of the worker container (and so of the trainer). "
             "For a Secret or ConfigMap value use worker.template. Elastra's own "
-            "(ELASTRA_ASSIGNMENT_FILE, ELASTRA_METRICS_PORT, POD_NAME, ELASTRA_LAUNCH, "
-            "ELASTRA_MODEL) come after these and win."
+            f"({', '.join(RESERVED_ENV)}) come after these and win."
         ),
     )
     resources: ResourceRequirements = Field(

@@ -90,7 +90,7 @@ def test_secret_backed_env_reaches_the_worker_before_elastras_own() -> None:
         "NCCL_DEBUG",  # spec.worker.env
         "HF_TOKEN", "RUN_NAME", "NODE", "LOG_LEVEL",  # the template's worker entry
         "ELASTRA_ASSIGNMENT_FILE", "ELASTRA_METRICS_PORT", "POD_NAME", "ELASTRA_LAUNCH",
-        "ELASTRA_CPU_MILLIS", "ELASTRA_MODEL",  # Elastra's
+        "ELASTRA_MAX_RESTARTS", "ELASTRA_CPU_MILLIS", "ELASTRA_MODEL",  # Elastra's
         "HOME", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",  # scratch
         "ELASTRA_GRACE_SECONDS",  # the agent's deadline from the pod's, unless the job sets it
     ]  # fmt: skip
@@ -367,6 +367,17 @@ def test_the_agent_gets_the_pods_grace_period_less_a_margin(
     own = build({"spec.worker.env": [{"name": "ELASTRA_GRACE_SECONDS", "value": "40"}]})
     assert [e["value"] for e in container(own, "worker")["env"]
             if e["name"] == "ELASTRA_GRACE_SECONDS"] == ["40"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("edits", "restarts"), [({}, "10"), ({"spec.failurePolicy.maxRestarts": 3}, "3")]
+)
+def test_the_failure_policys_restarts_reach_the_agent(edits: dict[str, Any], restarts: str) -> None:
+    """``failurePolicy.maxRestarts`` (default 10), for torchrun's ``TORCHELASTIC_MAX_RESTARTS``;
+    the job's own ``worker.env`` cannot contradict the policy."""
+    own = {"spec.worker.env": [{"name": "ELASTRA_MAX_RESTARTS", "value": "99"}]}
+    env = container(build({**edits, **own}), "worker")["env"]
+    assert {e["name"]: e.get("value") for e in env}["ELASTRA_MAX_RESTARTS"] == restarts
 
 
 def test_the_model_section_reaches_the_reference_trainer() -> None:

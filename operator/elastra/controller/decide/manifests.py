@@ -57,6 +57,7 @@ from elastra.planner.catalog import GPU_RESOURCES, NVIDIA_GPU, resource_of, sele
 from elastra.planner.eligibility import WorkerConstraints, is_extended, requested_toleration
 from elastra.planner.scheduling import PodConstraints, Toleration
 from elastra_worker.assignment import Assignment, CheckpointSpec, Plan
+from elastra_worker.torchrun import MAX_RESTARTS_ENV
 
 LABEL_JOB = "elastra.dev/job"
 LABEL_SLOT = "elastra.dev/slot"
@@ -515,6 +516,8 @@ def _worker_container(
         {"name": "ELASTRA_METRICS_PORT", "value": str(settings.metrics_port)},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "ELASTRA_LAUNCH", "value": str(worker.launch)},
+        # torchrun mode shows it to the script as TORCHELASTIC_MAX_RESTARTS.
+        {"name": MAX_RESTARTS_ENV, "value": str(job.spec.failure_policy.max_restarts)},
         # The trainers size their thread pools by it (elastra_worker.cpushare), not by the node.
         {
             "name": "ELASTRA_CPU_MILLIS",
