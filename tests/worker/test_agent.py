@@ -260,6 +260,9 @@ FAKE_PLAIN_SCRIPT = textwrap.dedent(
     note(event="start", env={k: os.environ.get(k) for k in keys})
     if mode in ("exit0", "crash"):
         sys.exit(0 if mode == "exit0" else 3)
+    if mode == "report":  # the one-line progress report, as after step 7
+        from elastra_worker import report_progress
+        report_progress(7, loss=0.25, samples_per_second=96.0, last_checkpoint_step=5)
     if mode == "resize-then-exit0":  # a rank stopped by peers that had SIGTERM first
         staged = os.path.join(os.path.dirname(log), "next-assignment")
         if os.path.exists(staged):  # the new world lands, then this rank exits, unasked
@@ -334,6 +337,37 @@ def test_torchrun_mode_sigterms_and_restarts_the_script_per_world_version(
     assert agents[0].wait(timeout=30) == exitcodes.OK
     assert agent_state(tmp_path)["phase"] == "terminated"
     assert events(log)[-1] == {"event": "sigterm", "version": "2"}
+
+
+def test_torchrun_mode_serves_the_scripts_progress_report_as_metrics(
+    tmp_path: Path, agents: list[subprocess.Popen[str]]
+) -> None:
+    """``report_progress`` in the script reaches the agent's /metrics, which the operator reads
+    into the job's status (``elastra_worker_step``), as a Session's progress does."""
+    port = free_port()
+    write(tmp_path, assignment(2, ckpt=claim(tmp_path), port=free_port()))
+    agents.append(
+        start_agent(
+            tmp_path, plain(tmp_path, "report"), args=["--launch", "torchrun"], metrics_port=port
+        )
+    )
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            return str(resp.read().decode())
+
+    wait_for((tmp_path / "ctl" / "progress-0.json").exists, 30, "the script's report")
+    wait_for(lambda: "elastra_worker_step 7.0" in scrape(), 30, "the script's step in metrics")
+    text = scrape()
+    for line in (
+        "elastra_worker_loss 0.25",
+        "elastra_worker_samples_per_second 96.0",
+        "elastra_worker_last_checkpoint_step 5.0",
+        "elastra_worker_world_version 2.0",
+    ):
+        assert line in text
+    write(tmp_path, assignment(3, stop=True))
+    assert agents[0].wait(timeout=30) == exitcodes.OK
 
 
 def test_torchrun_mode_kills_a_script_that_ignores_sigterm_after_the_grace(

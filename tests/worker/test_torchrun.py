@@ -36,7 +36,8 @@ def test_torchrun_env_is_torchruns_for_each_local_rank() -> None:
     a = parse_assignment(wire)
     base = {"PATH": "/bin", "TORCHELASTIC_USE_AGENT_STORE": "True", "ELASTRA_MAX_RESTARTS": "3",
             "ELASTRA_ASSIGNMENT_JSON": "{}", "ELASTRA_CONTROL_DIR": "/ctl"}  # fmt: skip
-    env = torchrun_env(base, a, local_rank=1, restart_count=2)
+    progress = Path("/ctl/progress-1.json")
+    env = torchrun_env(base, a, local_rank=1, restart_count=2, progress_file=progress)
     assert env == {
         "PATH": "/bin", "ELASTRA_MAX_RESTARTS": "3",
         "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2",
@@ -46,6 +47,7 @@ def test_torchrun_env_is_torchruns_for_each_local_rank() -> None:
         "TORCHELASTIC_RUN_ID": "gpt", "ELASTRA_CHECKPOINT_DIR": "/ckpt/gpt",
         "ELASTRA_WORLD_VERSION": "7", "ELASTRA_GLOBAL_BATCH_SIZE": "64", "ELASTRA_JOB": "gpt",
         "ELASTRA_PRECISION": "bf16", "ELASTRA_POD_GPUS": "2", PARENT_PID_ENV: str(os.getpid()),
+        "ELASTRA_PROGRESS_FILE": "/ctl/progress-1.json",
     }  # fmt: skip
 
 
@@ -88,7 +90,8 @@ def test_the_script_checkpoints_in_the_jobs_own_folder_and_prefix_as_the_session
     wire = {"job": job, "worldVersion": 1, "rank": 0, "worldSize": 1, "localWorldSize": 1,
             "masterAddr": "a", "masterPort": 29500, "globalBatchSize": 8,
             "checkpoint": checkpoint}  # fmt: skip
-    env = torchrun_env({}, parse_assignment(wire), local_rank=0, restart_count=0)
+    a = parse_assignment(wire)
+    env = torchrun_env({}, a, local_rank=0, restart_count=0, progress_file=Path("/ctl/p.json"))
     assert env["ELASTRA_CHECKPOINT_DIR"] == folder
     assert folder == str(CheckpointRoot(checkpoint["path"], job=job).path)
     assert env.get("ELASTRA_CHECKPOINT_URI") == uri
@@ -112,6 +115,7 @@ def test_plain_ddp_script_resizes_2_1_2_at_times_and_loses_no_step(tmp_path: Pat
     cmd = [sys.executable, "-m", "elastra_worker.cli", "local", "--launch", "torchrun",
            "--schedule", "2:0,1:8s,2:16s", "--steps", str(STEPS),
            "--checkpoint-dir", str(tmp_path / "ckpt"), "--log", str(log), "--world-timeout", "90",
+           "--work-dir", str(tmp_path / "pods"),
            "--", sys.executable, str(EXAMPLE), "--steps", str(STEPS),
            "--step-seconds", "0.2"]  # fmt: skip
     began = time.monotonic()
@@ -135,3 +139,6 @@ def test_plain_ddp_script_resizes_2_1_2_at_times_and_loses_no_step(tmp_path: Pat
     assert records[-1]["loss"] < records[0]["loss"]
     assert "job done" in proc.stderr
     assert took < 60
+    # The script's own report (ELASTRA_PROGRESS_FILE) is what the agent serves as metrics.
+    report = json.loads((tmp_path / "pods" / "pod-0" / "control" / "progress-0.json").read_text())
+    assert report == {"step": STEPS, "loss": records[-1]["loss"]}

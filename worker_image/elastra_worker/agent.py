@@ -220,7 +220,13 @@ class Agent:
     def _trainer_env(self, a: Assignment, local_rank: int) -> dict[str, str]:
         base = with_threads(self.config.env, trainers=a.local_world_size)
         if self.config.launch == "torchrun":
-            return torchrun_env(base, a, local_rank=local_rank, restart_count=self._worlds_started)
+            return torchrun_env(
+                base,
+                a,
+                local_rank=local_rank,
+                restart_count=self._worlds_started,
+                progress_file=self.control.progress_path(local_rank),
+            )
         env = dict(base)
         env.update(
             {

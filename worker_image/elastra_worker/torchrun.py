@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Literal
 
 from .assignment import POD_GPUS_ENV, PRECISION_ENV, Assignment, job_checkpoint_uri
+from .control import PROGRESS_FILE_ENV
 from .layout import job_root, probe_writable
 from .lifeline import PARENT_PID_ENV, arm_from_env
 
@@ -70,7 +71,12 @@ def launch_from_env(environ: Mapping[str, str] = os.environ) -> Launch:
 
 
 def torchrun_env(
-    base: Mapping[str, str], a: Assignment, *, local_rank: int, restart_count: int
+    base: Mapping[str, str],
+    a: Assignment,
+    *,
+    local_rank: int,
+    restart_count: int,
+    progress_file: Path,
 ) -> dict[str, str]:
     """The environment of local rank ``local_rank`` of world ``a``, as torchrun would set it.
 
@@ -78,7 +84,8 @@ def torchrun_env(
     ``checkpoint.uri`` ``ELASTRA_CHECKPOINT_URI`` (the job's own prefix), ``ELASTRA_WORLD_VERSION``,
     ``ELASTRA_GLOBAL_BATCH_SIZE`` (to keep the global batch fixed across world sizes),
     ``ELASTRA_PRECISION`` (``training.precision``: the script applies it) and
-    ``ELASTRA_POD_GPUS`` (the pod's GPUs, checked before the script starts).
+    ``ELASTRA_POD_GPUS`` (the pod's GPUs, checked before the script starts) and
+    ``ELASTRA_PROGRESS_FILE`` (``progress_file``: where ``control.report_progress`` writes).
     """
     env = {k: v for k, v in base.items() if k not in _DROPPED}
     rank = a.rank + local_rank
@@ -106,6 +113,7 @@ def torchrun_env(
             PRECISION_ENV: a.precision,
             POD_GPUS_ENV: str(a.gpus),
             PARENT_PID_ENV: str(os.getpid()),
+            PROGRESS_FILE_ENV: str(progress_file),
         }
     )
     if a.checkpoint.uri:  # the script uploads there itself (fsspec/s3fs are in the image)
