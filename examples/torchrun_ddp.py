@@ -144,11 +144,13 @@ def log_step(path: Path | None, record: dict[str, Any]) -> None:
             f.write(json.dumps(record) + "\n")
 
 
-def report_progress(path: Path | None, step: int, loss: float) -> None:
-    """Steps done and the last loss, for Elastra's status and metrics (no Elastra import)."""
+def report_progress(path: Path | None, step: int, loss: float, samples_per_second: float) -> None:
+    """Steps done, the last loss and the rate, for Elastra's status and metrics (no Elastra
+    import: ``elastra_worker.report_progress`` writes the same file)."""
     if path is not None:
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps({"step": step, "loss": loss}))
+        report = {"step": step, "loss": loss, "samplesPerSecond": samples_per_second}
+        tmp.write_text(json.dumps(report))
         os.replace(tmp, path)  # the agent never reads half a report
 
 
@@ -194,8 +196,8 @@ def main() -> int:
         log_step(step_log, {"step": step, "worldSize": world, "worldVersion": version,
                             "loss": loss.item(), "resumedFrom": start})  # fmt: skip
         step += 1
-        report_progress(progress_file, step, loss.item())
         time.sleep(max(0.0, args.step_seconds - (time.monotonic() - began)))
+        report_progress(progress_file, step, loss.item(), global_batch / (time.monotonic() - began))
         if agree_to_stop():
             save(step)
             dist.barrier()  # nobody leaves before the checkpoint is on disk
