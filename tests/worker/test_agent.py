@@ -27,6 +27,7 @@ from elastra_worker.layout import CheckpointRoot
 from elastra_worker.standby import warm_command
 
 from .conftest import EXAMPLE, quiet_env, wait_for
+from .test_objectstore import s3, s3_endpoint  # noqa: F401 - fixtures
 
 FAKE_TRAINER = textwrap.dedent(
     """
@@ -252,12 +253,18 @@ FAKE_PLAIN_SCRIPT = textwrap.dedent(
     def note(**kw):
         with open(log, "a") as f:
             f.write(json.dumps(kw) + "\\n")
+    ckpt = os.path.join(os.environ.get("ELASTRA_CHECKPOINT_DIR", "."), "ckpt.txt")
     def on_sigterm(signum, frame):
         note(event="sigterm", version=os.environ["ELASTRA_WORLD_VERSION"])
+        if mode in ("save", "slow-save"):  # the stop checkpoint: this world's version
+            time.sleep(2 if mode == "slow-save" else 0)
+            with open(ckpt, "w") as f:
+                f.write(os.environ["ELASTRA_WORLD_VERSION"])
         if mode != "ignore":
             sys.exit(0)
     signal.signal(signal.SIGTERM, on_sigterm)
-    note(event="start", env={k: os.environ.get(k) for k in keys})
+    found = open(ckpt).read() if os.path.exists(ckpt) else None
+    note(event="start", env={k: os.environ.get(k) for k in keys}, found=found)
     if mode in ("exit0", "crash"):
         sys.exit(0 if mode == "exit0" else 3)
     if mode == "report":  # the one-line progress report, as after step 7
@@ -368,6 +375,63 @@ def test_torchrun_mode_serves_the_scripts_progress_report_as_metrics(
         assert line in text
     write(tmp_path, assignment(3, stop=True))
     assert agents[0].wait(timeout=30) == exitcodes.OK
+
+
+def on_object_storage(text: str, uri: str) -> str:
+    """An assignment of a job with ``checkpoint.uri``: its path is the pod's own volume."""
+    wire = json.loads(text)
+    wire["checkpoint"]["uri"] = uri
+    return json.dumps(wire)
+
+
+def test_torchrun_mode_on_object_storage_carries_the_stop_checkpoint_to_another_pod(
+    s3: str,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    agents: list[subprocess.Popen[str]],
+) -> None:
+    """The staging folder of rank 0's pod is uploaded after the script's exit 0 on SIGTERM;
+    a pod that starts the next world (its own empty volume) finds that checkpoint there."""
+    pods = [tmp_path / "pod0", tmp_path / "pod1"]
+    log = tmp_path / "events.jsonl"
+    for pod in pods:
+        pod.mkdir()
+    write(pods[0], on_object_storage(assignment(1, ckpt=claim(pods[0]), port=free_port()), s3))
+    agents.append(start_agent(pods[0], plain(tmp_path, "save"), args=["--launch", "torchrun"]))
+    wait_for(lambda: len(starts(log)) == 1, 30, "the script in world version 1")
+    write(pods[0], assignment(2, stop=True))  # a stop: SIGTERM, the script saves and exits 0
+    assert agents[0].wait(timeout=60) == exitcodes.OK
+    assert (pods[0] / "claim" / "t" / "ckpt.txt").read_text() == "1"
+
+    write(pods[1], on_object_storage(assignment(2, ckpt=claim(pods[1]), port=free_port()), s3))
+    agents.append(start_agent(pods[1], plain(tmp_path, "save"), args=["--launch", "torchrun"]))
+    wait_for(lambda: len(starts(log)) == 2, 30, "the script in world version 2, another pod")
+    assert [e.get("found") for e in events(log) if e["event"] == "start"] == [None, "1"]
+    write(pods[1], assignment(3, stop=True))
+    assert agents[1].wait(timeout=60) == exitcodes.OK
+
+
+def test_torchrun_mode_on_object_storage_waits_for_the_previous_worlds_upload(
+    s3: str,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    agents: list[subprocess.Popen[str]],
+) -> None:
+    """Rank 1 stops at once and is rank 0 of the next world; rank 0 takes 2 s to save and then
+    uploads. The new rank 0 starts its script only after that upload, so it finds the save."""
+    pods = [tmp_path / "pod0", tmp_path / "pod1"]
+    log = tmp_path / "events.jsonl"
+    for rank, (pod, mode) in enumerate(zip(pods, ("slow-save", "forever"), strict=True)):
+        pod.mkdir()
+        write(pod, on_object_storage(
+            assignment(1, rank=rank, size=2, ckpt=claim(pod), port=free_port()), s3))  # fmt: skip
+        agents.append(start_agent(pod, plain(tmp_path, mode), args=["--launch", "torchrun"]))
+    wait_for(lambda: len(starts(log)) == 2, 30, "both scripts in world version 1")
+    write(pods[0], assignment(2, stop=True))  # scaled in
+    write(pods[1], on_object_storage(assignment(2, ckpt=claim(pods[1]), port=free_port()), s3))
+    wait_for(lambda: len(starts(log)) == 3, 60, "the script in world version 2")
+    assert [e.get("found") for e in events(log) if e["event"] == "start"] == [None, None, "1"]
+    assert agents[0].wait(timeout=30) == exitcodes.OK
+    write(pods[1], assignment(3, stop=True))
+    assert agents[1].wait(timeout=60) == exitcodes.OK
 
 
 def test_torchrun_mode_kills_a_script_that_ignores_sigterm_after_the_grace(

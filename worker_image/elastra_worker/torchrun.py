@@ -38,6 +38,7 @@ from .assignment import POD_GPUS_ENV, PRECISION_ENV, Assignment, job_checkpoint_
 from .control import PROGRESS_FILE_ENV
 from .layout import job_root, probe_writable
 from .lifeline import PARENT_PID_ENV, arm_from_env
+from .staging import StagingStore
 
 Launch = Literal["elastra", "torchrun"]
 LAUNCHES: tuple[Launch, ...] = ("elastra", "torchrun")
@@ -124,8 +125,15 @@ def torchrun_env(
 def checkpoint_dir(a: Assignment) -> Path:
     """The script's ``$ELASTRA_CHECKPOINT_DIR``: the job's own folder on ``checkpoint.path``,
     the one the Session uses (``layout.job_root``), so jobs sharing a claim never meet. With
-    ``checkpoint.uri`` it is on the pod's own volume: a local staging folder."""
+    ``checkpoint.uri`` it is on the pod's own volume: a staging folder that the agents keep in
+    the object store (``staging_store``)."""
     return job_root(a.checkpoint.path or DEFAULT_STAGING, a.job)
+
+
+def staging_store(a: Assignment) -> StagingStore | None:
+    """Where the agents keep the staging folder of a job with ``checkpoint.uri`` (the job's
+    own prefix; ``staging.py``); None for a job on a claim."""
+    return StagingStore(job_checkpoint_uri(a.checkpoint.uri, a.job)) if a.checkpoint.uri else None
 
 
 def prepare_checkpoint_dir(a: Assignment) -> None:
