@@ -434,6 +434,23 @@ def test_torchrun_mode_on_object_storage_waits_for_the_previous_worlds_upload(
     assert agents[1].wait(timeout=60) == exitcodes.OK
 
 
+def test_torchrun_mode_on_a_missing_bucket_is_permanent_before_the_script(
+    s3: str,  # noqa: F811 - the fixture imported above (the server, its credentials)
+    tmp_path: Path,
+) -> None:
+    missing = "s3://no-such-bucket-" + s3.split("/")[2] + "/ckpt"
+    write(
+        tmp_path, on_object_storage(assignment(1, ckpt=claim(tmp_path), port=free_port()), missing)
+    )
+    proc = start_agent(
+        tmp_path, plain(tmp_path, "exit0"), args=["--launch", "torchrun"], stderr=subprocess.PIPE
+    )
+    assert proc.wait(timeout=60) == exitcodes.CONFIG
+    assert proc.stderr is not None
+    assert f"checkpoint.uri {missing}/t is not usable: " in proc.stderr.read()
+    assert starts(tmp_path / "events.jsonl") == []
+
+
 def test_torchrun_mode_kills_a_script_that_ignores_sigterm_after_the_grace(
     tmp_path: Path, agents: list[subprocess.Popen[str]]
 ) -> None:

@@ -39,7 +39,7 @@ from . import exitcodes
 from .assignment import Assignment, AssignmentError, read_assignment_file
 from .control import CONTROL_DIR_ENV, ControlDir
 from .cpushare import with_threads
-from .layout import UnusableRootError
+from .layout import CheckpointError, UnusableRootError
 from .lifeline import PARENT_PID_ENV
 from .staging import StagingError
 from .standby import warm_command
@@ -270,6 +270,9 @@ class Agent:
             except UnusableRootError as err:  # no world of this job could ever save
                 report_permanent(str(err))
                 return "invalid"
+            except CheckpointError as err:  # the object store out of reach: maybe for now
+                log.error("%s", err)
+                return "failed"
             if not self._download(a):
                 return "failed"
         warm = bool(self._standbys)

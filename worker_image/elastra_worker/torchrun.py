@@ -137,9 +137,15 @@ def staging_store(a: Assignment) -> StagingStore | None:
 
 
 def prepare_checkpoint_dir(a: Assignment) -> None:
-    """Create the job's checkpoint folder and check it takes a durable write, before the script
-    starts: UnusableRootError (a permanent error) naming the folder and the errno otherwise."""
+    """Create the job's checkpoint folder and check it takes a durable write, and with
+    ``checkpoint.uri`` that the job's prefix takes an object (the Session's probe), before the
+    script starts: UnusableRootError (a permanent error: the folder and the errno, the bucket
+    or the credentials) or CheckpointError (an object store out of reach: retryable)."""
     probe_writable(checkpoint_dir(a))
+    if a.checkpoint.uri:
+        from .objectstore import ObjectCheckpointRoot  # noqa: PLC0415 - fsspec: uri jobs only
+
+        ObjectCheckpointRoot(a.checkpoint.uri, job=a.job).probe()
 
 
 def cold_command(command: list[str]) -> list[str]:

@@ -380,7 +380,9 @@ class CheckpointSpec(ApiModel):
         description=(
             "Object storage for the checkpoints, s3://BUCKET[/PREFIX] (S3 or an S3-compatible "
             "server): elastra_worker's Session and the reference trainer write each job under "
-            "PREFIX/JOB (the job's name) and resume from there, instead of path. Credentials and "
+            "PREFIX/JOB (the job's name) and resume from there, instead of path; in torchrun "
+            "mode the agents upload the script's local folder there (docs/torchrun.md). "
+            "Credentials and "
             "endpoint come from the worker's environment: AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY (e.g. from a Secret through spec.worker.template env or "
             "envFrom), AWS_ENDPOINT_URL for a server other than AWS. Other schemes, a missing "
