@@ -19,7 +19,10 @@ Run it under the local launcher (one resize to 1 rank at 8 s, back to 2 at 16 s)
 
 or under torchrun itself: ``torchrun --nproc-per-node 2 examples/torchrun_ddp.py``.
 With ``$ELASTRA_STEP_LOG`` set, rank 0 appends one JSON line per step
-(``step``, ``worldSize``, ``worldVersion``, ``loss``, ``resumedFrom``).
+(``step``, ``worldSize``, ``worldVersion``, ``loss``, ``resumedFrom``). With
+``$ELASTRA_PROGRESS_FILE`` set (Elastra's torchrun mode), every rank replaces that file with its
+step and loss after each step: the job's status and metrics show them. (A script that may
+import ``elastra_worker`` calls ``elastra_worker.report_progress(step, loss=...)`` instead.)
 """
 
 from __future__ import annotations
@@ -141,6 +144,16 @@ def log_step(path: Path | None, record: dict[str, Any]) -> None:
             f.write(json.dumps(record) + "\n")
 
 
+def report_progress(path: Path | None, step: int, loss: float, samples_per_second: float) -> None:
+    """Steps done, the last loss and the rate, for Elastra's status and metrics (no Elastra
+    import: ``elastra_worker.report_progress`` writes the same file)."""
+    if path is not None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        report = {"step": step, "loss": loss, "samplesPerSecond": samples_per_second}
+        tmp.write_text(json.dumps(report))
+        os.replace(tmp, path)  # the agent never reads half a report
+
+
 def main() -> int:
     args = parse_args()
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -148,6 +161,8 @@ def main() -> int:
     os.environ.setdefault("MASTER_PORT", "29500")
     ckpt_dir = Path(os.environ.get("ELASTRA_CHECKPOINT_DIR", "checkpoints"))
     step_log = Path(os.environ["ELASTRA_STEP_LOG"]) if os.environ.get("ELASTRA_STEP_LOG") else None
+    progress = os.environ.get("ELASTRA_PROGRESS_FILE")
+    progress_file = Path(progress) if progress else None
     global_batch = int(os.environ.get("ELASTRA_GLOBAL_BATCH_SIZE", "32"))
     version = int(os.environ.get("ELASTRA_WORLD_VERSION", "0"))
     torch.set_num_threads(1)
@@ -182,6 +197,7 @@ def main() -> int:
                             "loss": loss.item(), "resumedFrom": start})  # fmt: skip
         step += 1
         time.sleep(max(0.0, args.step_seconds - (time.monotonic() - began)))
+        report_progress(progress_file, step, loss.item(), global_batch / (time.monotonic() - began))
         if agree_to_stop():
             save(step)
             dist.barrier()  # nobody leaves before the checkpoint is on disk

@@ -96,6 +96,7 @@ def test_a_torchrun_script_resizes_3_2_3_with_the_pod_template_applied(
     kube.apply(with_template_additions(example_job(job.namespace, EXAMPLE)))
     first = _trained(job, 3, after=0)
     check_template_applied(elastra, job)
+    check_progress_reported(job)
     job.scale(2)
     second = _trained(job, 2, after=first)
     job.scale(3)
@@ -111,6 +112,24 @@ def test_a_torchrun_script_resizes_3_2_3_with_the_pod_template_applied(
     )  # fmt: skip
     resumed = sorted({json.loads(line)["resumedFrom"] for line in raw.splitlines() if line})
     assert len(resumed) >= 3 and resumed[0] == 0, f"each world resumed from a checkpoint: {resumed}"
+
+
+def check_progress_reported(job: JobRun) -> None:
+    """The script's progress report ($ELASTRA_PROGRESS_FILE) reaches status.progress (the
+    STEP column of `kubectl get tj`, `elastra status`) through rank 0's metrics."""
+
+    def progress() -> dict[str, Any]:
+        found: dict[str, Any] = job.status().get("progress") or {}
+        return found
+
+    wait_for(
+        "status.progress.step from the script's report",
+        lambda: int(progress().get("step") or 0) > 0,
+        timeout=150,  # up to two reads 30 s apart
+        interval=2,
+        hint=job.describe,
+    )
+    assert progress()["samplesPerSecond"] > 0, progress()
 
 
 def check_template_applied(elastra: Elastra, job: JobRun) -> None:

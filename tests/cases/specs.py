@@ -467,6 +467,16 @@ INVALID_SPECS: tuple[InvalidCase, ...] = (
         "should match pattern: a size",
         "should match",
     ),
+    *(
+        InvalidCase(
+            f"cache-size-{size}",
+            {"spec.worker.cacheSize": size},
+            "spec.worker.cacheSize",
+            "should match pattern: a size above zero",
+            "should match",
+        )
+        for size in ("0", "0.0Gi", "-1Gi")
+    ),
     InvalidCase(
         "unknown-pod-security",
         {"spec.worker.podSecurity": "privileged"},
@@ -531,7 +541,7 @@ INVALID_SPECS: tuple[InvalidCase, ...] = (
         "template-worker-reserved-env",
         _worker_entry(env=[{"name": "POD_NAME", "value": "me"}]),
         CONTAINERS,
-        "ELASTRA_METRICS_PORT, POD_NAME, ELASTRA_LAUNCH or ELASTRA_MODEL: Elastra sets",
+        "POD_NAME, ELASTRA_LAUNCH, ELASTRA_MODEL or ELASTRA_MAX_RESTARTS: Elastra sets",
     ),
     _same(
         "template-worker-mounts-over-shm",
@@ -619,9 +629,9 @@ INVALID_SPECS: tuple[InvalidCase, ...] = (
             f"template-volume-named-{name}",
             _volume(name=name, emptyDir={}),
             f"{TEMPLATE}.volumes",
-            "volume names assignment, checkpoints, dshm and tmp are Elastra's",
+            "volume names assignment, checkpoints, dshm, tmp and elastra-cache are Elastra's",
         )
-        for name in ("assignment", "dshm")
+        for name in ("assignment", "dshm", "elastra-cache")
     ),
     _same(
         "template-host-path-volume",
@@ -831,6 +841,7 @@ VALID_SPECS: tuple[ValidCase, ...] = (
             "spec.worker.podSecurity": "baseline",
         },
     ),
+    ValidCase("cache-size-set", {"spec.worker.cacheSize": "0.5Ti"}),
     ValidCase("template-host-network-false", _template({"hostNetwork": False})),
     ValidCase(
         "everything-set",

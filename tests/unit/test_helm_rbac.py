@@ -149,7 +149,7 @@ def test_the_operators_own_pod_is_let_in_to_the_metrics_port(
     deployment = one(everywhere, "Deployment")
     args, peers = operator_settings(deployment, monkeypatch)
     assert args.network_policy is True
-    assert args.worker_tmp_size == "1Gi"
+    assert (args.worker_tmp_size, args.worker_cache_size) == ("1Gi", "20Gi")
     (own,) = peers
     assert own.namespace == NAMESPACE
     pod_labels: dict[str, Any] = deployment["spec"]["template"]["metadata"]["labels"]
@@ -158,11 +158,12 @@ def test_the_operators_own_pod_is_let_in_to_the_metrics_port(
     assert dict(own.labels) == deployment["spec"]["selector"]["matchLabels"]
 
 
-def test_metrics_from_and_tmp_size_reach_the_operator(
+def test_metrics_from_tmp_and_cache_sizes_reach_the_operator(
     helm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     values = {
         "workerTmpSize": "4Gi",
+        "workerCacheSize": "100Gi",
         "networkPolicy": {
             "metricsFrom": [
                 {"namespace": "monitoring", "podLabels": {"app.kubernetes.io/name": "prometheus"}},
@@ -171,7 +172,7 @@ def test_metrics_from_and_tmp_size_reach_the_operator(
         },
     }
     args, peers = operator_settings(one(render(helm, tmp_path, values), "Deployment"), monkeypatch)
-    assert args.worker_tmp_size == "4Gi"
+    assert (args.worker_tmp_size, args.worker_cache_size) == ("4Gi", "100Gi")
     assert peers[1:] == (
         PodPeer(namespace="monitoring", labels=(("app.kubernetes.io/name", "prometheus"),)),
         PodPeer(namespace="scrapers"),
@@ -183,6 +184,7 @@ def test_metrics_from_and_tmp_size_reach_the_operator(
     ("values", "named"),
     [
         ({"workerTmpSize": "1GB"}, "workerTmpSize"),
+        ({"workerCacheSize": "0"}, "workerCacheSize"),
         ({"networkPolicy": {"metricsFrom": [{"podLabels": {"a": "b"}}]}}, "namespace"),
         ({"networkPolicy": {"enabled": "yes"}}, "enabled"),
     ],
@@ -210,6 +212,7 @@ def parse_run(*argv: str) -> argparse.Namespace:
     [
         "--worker-tmp-size=0",  # every write would evict the pod
         "--worker-tmp-size=1GB",
+        "--worker-cache-size=0",  # every download would evict the pod
         "--metrics-peer=Monitoring",  # not a namespace name
         "--metrics-peer=monitoring/app",  # a label without a value
         "--metrics-peer=/app=prometheus",

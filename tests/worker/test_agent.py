@@ -27,6 +27,7 @@ from elastra_worker.layout import CheckpointRoot, pointer_step
 from elastra_worker.standby import warm_command
 
 from .conftest import EXAMPLE, quiet_env, wait_for
+from .test_objectstore import s3, s3_endpoint  # noqa: F401 - fixtures
 
 FAKE_TRAINER = textwrap.dedent(
     """
@@ -275,14 +276,23 @@ FAKE_PLAIN_SCRIPT = textwrap.dedent(
     def note(**kw):
         with open(log, "a") as f:
             f.write(json.dumps(kw) + "\\n")
+    ckpt = os.path.join(os.environ.get("ELASTRA_CHECKPOINT_DIR", "."), "ckpt.txt")
     def on_sigterm(signum, frame):
         note(event="sigterm", version=os.environ["ELASTRA_WORLD_VERSION"])
+        if mode in ("save", "slow-save"):  # the stop checkpoint: this world's version
+            time.sleep(2 if mode == "slow-save" else 0)
+            with open(ckpt, "w") as f:
+                f.write(os.environ["ELASTRA_WORLD_VERSION"])
         if mode != "ignore":
             sys.exit(0)
     signal.signal(signal.SIGTERM, on_sigterm)
-    note(event="start", env={k: os.environ.get(k) for k in keys})
+    found = open(ckpt).read() if os.path.exists(ckpt) else None
+    note(event="start", env={k: os.environ.get(k) for k in keys}, found=found)
     if mode in ("exit0", "crash"):
         sys.exit(0 if mode == "exit0" else 3)
+    if mode == "report":  # the one-line progress report, as after step 7
+        from elastra_worker import report_progress
+        report_progress(7, loss=0.25, samples_per_second=96.0, last_checkpoint_step=5)
     if mode == "resize-then-exit0":  # a rank stopped by peers that had SIGTERM first
         staged = os.path.join(os.path.dirname(log), "next-assignment")
         if os.path.exists(staged):  # the new world lands, then this rank exits, unasked
@@ -317,6 +327,11 @@ def agents() -> Iterator[list[subprocess.Popen[str]]]:
             proc.wait()
 
 
+def claim(tmp_path: Path) -> str:
+    """A checkpoint claim in the test's folder: torchrun mode makes the job's folder in it."""
+    return str(tmp_path / "claim")
+
+
 def plain(tmp_path: Path, mode: str) -> list[str]:
     return [sys.executable, "-c", FAKE_PLAIN_SCRIPT, str(tmp_path / "events.jsonl"), mode]
 
@@ -326,7 +341,7 @@ def test_torchrun_mode_sigterms_and_restarts_the_script_per_world_version(
 ) -> None:
     log = tmp_path / "events.jsonl"
     ports = [free_port(), free_port()]
-    write(tmp_path, assignment(1, port=ports[0], ckpt="/ck"))
+    write(tmp_path, assignment(1, port=ports[0], ckpt=claim(tmp_path)))
     agents.append(start_agent(tmp_path, plain(tmp_path, "forever"), args=["--launch", "torchrun"]))
     wait_for(lambda: len(starts(log)) == 1, 30, "the script in world version 1")
     first = starts(log)[0]
@@ -335,12 +350,12 @@ def test_torchrun_mode_sigterms_and_restarts_the_script_per_world_version(
         "GROUP_RANK": "0", "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(ports[0]), "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_RUN_ID": "t", "TORCHELASTIC_MAX_RESTARTS": "10",
-        "ELASTRA_CHECKPOINT_DIR": "/ck", "ELASTRA_WORLD_VERSION": "1",
+        "ELASTRA_CHECKPOINT_DIR": str(tmp_path / "claim" / "t"), "ELASTRA_WORLD_VERSION": "1",
         "ELASTRA_GLOBAL_BATCH_SIZE": "24", "ELASTRA_ASSIGNMENT_JSON": None,
         "ELASTRA_CONTROL_DIR": None,
     }  # fmt: skip
 
-    write(tmp_path, assignment(2, rank=1, size=2, port=ports[1], ckpt="/ck"))
+    write(tmp_path, assignment(2, rank=1, size=2, port=ports[1], ckpt=claim(tmp_path)))
     wait_for(lambda: len(starts(log)) == 2, 30, "the script in world version 2")
     assert [e["event"] for e in events(log)] == ["start", "sigterm", "start"]
     second = starts(log)[1]
@@ -354,11 +369,116 @@ def test_torchrun_mode_sigterms_and_restarts_the_script_per_world_version(
     assert events(log)[-1] == {"event": "sigterm", "version": "2"}
 
 
+def test_torchrun_mode_serves_the_scripts_progress_report_as_metrics(
+    tmp_path: Path, agents: list[subprocess.Popen[str]]
+) -> None:
+    """``report_progress`` in the script reaches the agent's /metrics, which the operator reads
+    into the job's status (``elastra_worker_step``), as a Session's progress does."""
+    port = free_port()
+    write(tmp_path, assignment(2, ckpt=claim(tmp_path), port=free_port()))
+    agents.append(
+        start_agent(
+            tmp_path, plain(tmp_path, "report"), args=["--launch", "torchrun"], metrics_port=port
+        )
+    )
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            return str(resp.read().decode())
+
+    wait_for((tmp_path / "ctl" / "progress-0.json").exists, 30, "the script's report")
+    wait_for(lambda: "elastra_worker_step 7.0" in scrape(), 30, "the script's step in metrics")
+    text = scrape()
+    for line in (
+        "elastra_worker_loss 0.25",
+        "elastra_worker_samples_per_second 96.0",
+        "elastra_worker_last_checkpoint_step 5.0",
+        "elastra_worker_world_version 2.0",
+    ):
+        assert line in text
+    write(tmp_path, assignment(3, stop=True))
+    assert agents[0].wait(timeout=30) == exitcodes.OK
+
+
+def on_object_storage(text: str, uri: str) -> str:
+    """An assignment of a job with ``checkpoint.uri``: its path is the pod's own volume."""
+    wire = json.loads(text)
+    wire["checkpoint"]["uri"] = uri
+    return json.dumps(wire)
+
+
+def test_torchrun_mode_on_object_storage_carries_the_stop_checkpoint_to_another_pod(
+    s3: str,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    agents: list[subprocess.Popen[str]],
+) -> None:
+    """The staging folder of rank 0's pod is uploaded after the script's exit 0 on SIGTERM;
+    a pod that starts the next world (its own empty volume) finds that checkpoint there."""
+    pods = [tmp_path / "pod0", tmp_path / "pod1"]
+    log = tmp_path / "events.jsonl"
+    for pod in pods:
+        pod.mkdir()
+    write(pods[0], on_object_storage(assignment(1, ckpt=claim(pods[0]), port=free_port()), s3))
+    agents.append(start_agent(pods[0], plain(tmp_path, "save"), args=["--launch", "torchrun"]))
+    wait_for(lambda: len(starts(log)) == 1, 30, "the script in world version 1")
+    write(pods[0], assignment(2, stop=True))  # a stop: SIGTERM, the script saves and exits 0
+    assert agents[0].wait(timeout=60) == exitcodes.OK
+    assert (pods[0] / "claim" / "t" / "ckpt.txt").read_text() == "1"
+
+    write(pods[1], on_object_storage(assignment(2, ckpt=claim(pods[1]), port=free_port()), s3))
+    agents.append(start_agent(pods[1], plain(tmp_path, "save"), args=["--launch", "torchrun"]))
+    wait_for(lambda: len(starts(log)) == 2, 30, "the script in world version 2, another pod")
+    assert [e.get("found") for e in events(log) if e["event"] == "start"] == [None, "1"]
+    write(pods[1], assignment(3, stop=True))
+    assert agents[1].wait(timeout=60) == exitcodes.OK
+
+
+def test_torchrun_mode_on_object_storage_waits_for_the_previous_worlds_upload(
+    s3: str,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    agents: list[subprocess.Popen[str]],
+) -> None:
+    """Rank 1 stops at once and is rank 0 of the next world; rank 0 takes 2 s to save and then
+    uploads. The new rank 0 starts its script only after that upload, so it finds the save."""
+    pods = [tmp_path / "pod0", tmp_path / "pod1"]
+    log = tmp_path / "events.jsonl"
+    for rank, (pod, mode) in enumerate(zip(pods, ("slow-save", "forever"), strict=True)):
+        pod.mkdir()
+        write(pod, on_object_storage(
+            assignment(1, rank=rank, size=2, ckpt=claim(pod), port=free_port()), s3))  # fmt: skip
+        agents.append(start_agent(pod, plain(tmp_path, mode), args=["--launch", "torchrun"]))
+    wait_for(lambda: len(starts(log)) == 2, 30, "both scripts in world version 1")
+    write(pods[0], assignment(2, stop=True))  # scaled in
+    write(pods[1], on_object_storage(assignment(2, ckpt=claim(pods[1]), port=free_port()), s3))
+    wait_for(lambda: len(starts(log)) == 3, 60, "the script in world version 2")
+    assert [e.get("found") for e in events(log) if e["event"] == "start"] == [None, None, "1"]
+    assert agents[0].wait(timeout=30) == exitcodes.OK
+    write(pods[1], assignment(3, stop=True))
+    assert agents[1].wait(timeout=60) == exitcodes.OK
+
+
+def test_torchrun_mode_on_a_missing_bucket_is_permanent_before_the_script(
+    s3: str,  # noqa: F811 - the fixture imported above (the server, its credentials)
+    tmp_path: Path,
+) -> None:
+    missing = "s3://no-such-bucket-" + s3.split("/")[2] + "/ckpt"
+    write(
+        tmp_path, on_object_storage(assignment(1, ckpt=claim(tmp_path), port=free_port()), missing)
+    )
+    proc = start_agent(
+        tmp_path, plain(tmp_path, "exit0"), args=["--launch", "torchrun"], stderr=subprocess.PIPE
+    )
+    assert proc.wait(timeout=60) == exitcodes.CONFIG
+    assert proc.stderr is not None
+    assert f"checkpoint.uri {missing}/t is not usable: " in proc.stderr.read()
+    assert starts(tmp_path / "events.jsonl") == []
+
+
 def test_torchrun_mode_kills_a_script_that_ignores_sigterm_after_the_grace(
     tmp_path: Path, agents: list[subprocess.Popen[str]]
 ) -> None:
     log = tmp_path / "events.jsonl"
-    write(tmp_path, assignment(1, port=free_port()))
+    write(tmp_path, assignment(1, ckpt=claim(tmp_path), port=free_port()))
     agents.append(
         start_agent(
             tmp_path, plain(tmp_path, "ignore"), args=["--launch", "torchrun", "--grace", "1"]
@@ -366,7 +486,7 @@ def test_torchrun_mode_kills_a_script_that_ignores_sigterm_after_the_grace(
     )
     wait_for(lambda: len(starts(log)) == 1, 30, "the script in world version 1")
     asked = time.monotonic()
-    write(tmp_path, assignment(2, port=free_port()))
+    write(tmp_path, assignment(2, ckpt=claim(tmp_path), port=free_port()))
     wait_for(lambda: len(starts(log)) == 2, 30, "the script in world version 2")
     assert time.monotonic() - asked >= 1.0  # the grace period was given
     assert [e["event"] for e in events(log)] == ["start", "sigterm", "start"]
@@ -379,7 +499,7 @@ def test_torchrun_mode_kills_a_script_that_ignores_sigterm_after_the_grace(
 def test_torchrun_mode_exit_0_is_done_and_a_crash_is_retryable(
     tmp_path: Path, mode: str, code: int, phase: str
 ) -> None:
-    write(tmp_path, assignment(1, port=free_port()))
+    write(tmp_path, assignment(1, ckpt=claim(tmp_path), port=free_port()))
     proc = start_agent(tmp_path, plain(tmp_path, mode), env={"ELASTRA_LAUNCH": "torchrun"})
     assert proc.wait(timeout=60) == code
     assert agent_state(tmp_path)["phase"] == phase
@@ -388,16 +508,32 @@ def test_torchrun_mode_exit_0_is_done_and_a_crash_is_retryable(
     )  # torchrun mode by $ELASTRA_LAUNCH
 
 
+def test_torchrun_mode_an_unusable_checkpoint_folder_is_permanent_before_the_script(
+    tmp_path: Path,
+) -> None:
+    """The job's folder cannot be made (the claim is a regular file): exit 2 with the line."""
+    (tmp_path / "claim").write_text("not a folder")
+    write(tmp_path, assignment(1, ckpt=claim(tmp_path), port=free_port()))
+    proc = start_agent(
+        tmp_path, plain(tmp_path, "exit0"), args=["--launch", "torchrun"], stderr=subprocess.PIPE
+    )
+    assert proc.wait(timeout=60) == exitcodes.CONFIG
+    assert proc.stderr is not None
+    assert f"checkpoint root {tmp_path / 'claim' / 't'} is not usable" in proc.stderr.read()
+    assert starts(tmp_path / "events.jsonl") == []
+
+
 def test_unknown_launch_mode_is_a_permanent_error(tmp_path: Path) -> None:
-    write(tmp_path, assignment(1, port=free_port()))
+    write(tmp_path, assignment(1, ckpt=claim(tmp_path), port=free_port()))
     proc = start_agent(tmp_path, plain(tmp_path, "exit0"), env={"ELASTRA_LAUNCH": "mpirun"})
     assert proc.wait(timeout=60) == exitcodes.CONFIG
 
 
 def test_torchrun_mode_exit_0_as_a_new_world_is_assigned_is_a_stop(tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl"
-    write(tmp_path, assignment(1, port=free_port()))
-    (tmp_path / "next-assignment").write_text(assignment(2, port=free_port()))
+    write(tmp_path, assignment(1, ckpt=claim(tmp_path), port=free_port()))
+    staged = assignment(2, ckpt=claim(tmp_path), port=free_port())
+    (tmp_path / "next-assignment").write_text(staged)
     proc = start_agent(
         tmp_path, plain(tmp_path, "resize-then-exit0"), args=["--launch", "torchrun"]
     )

@@ -19,7 +19,9 @@ import pytest
 import torch
 
 from elastra_worker.assignment import parse_assignment
+from elastra_worker.layout import CheckpointRoot
 from elastra_worker.lifeline import PARENT_PID_ENV
+from elastra_worker.objectstore import ObjectCheckpointRoot
 from elastra_worker.torchrun import launch_from_env, torchrun_env
 
 from .conftest import REPO, quiet_env
@@ -30,11 +32,12 @@ EXAMPLE = REPO / "examples" / "torchrun_ddp.py"
 def test_torchrun_env_is_torchruns_for_each_local_rank() -> None:
     wire = {"job": "gpt", "worldVersion": 7, "rank": 4, "worldSize": 8, "localWorldSize": 2,
             "masterAddr": "gpt-w-0.gpt", "masterPort": 29507, "globalBatchSize": 64,
-            "checkpoint": {"path": "/ckpt/gpt"}, "precision": "bf16", "gpus": 2}  # fmt: skip
+            "checkpoint": {"path": "/ckpt"}, "precision": "bf16", "gpus": 2}  # fmt: skip
     a = parse_assignment(wire)
     base = {"PATH": "/bin", "TORCHELASTIC_USE_AGENT_STORE": "True", "ELASTRA_MAX_RESTARTS": "3",
             "ELASTRA_ASSIGNMENT_JSON": "{}", "ELASTRA_CONTROL_DIR": "/ctl"}  # fmt: skip
-    env = torchrun_env(base, a, local_rank=1, restart_count=2)
+    progress = Path("/ctl/progress-1.json")
+    env = torchrun_env(base, a, local_rank=1, restart_count=2, progress_file=progress)
     assert env == {
         "PATH": "/bin", "ELASTRA_MAX_RESTARTS": "3",
         "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2",
@@ -44,6 +47,7 @@ def test_torchrun_env_is_torchruns_for_each_local_rank() -> None:
         "TORCHELASTIC_RUN_ID": "gpt", "ELASTRA_CHECKPOINT_DIR": "/ckpt/gpt",
         "ELASTRA_WORLD_VERSION": "7", "ELASTRA_GLOBAL_BATCH_SIZE": "64", "ELASTRA_JOB": "gpt",
         "ELASTRA_PRECISION": "bf16", "ELASTRA_POD_GPUS": "2", PARENT_PID_ENV: str(os.getpid()),
+        "ELASTRA_PROGRESS_FILE": "/ctl/progress-1.json",
     }  # fmt: skip
 
 
@@ -68,15 +72,31 @@ def test_a_gpu_pod_without_gpus_never_starts_the_script(tmp_path: Path) -> None:
     assert (out.returncode, out.stdout) == (0, "started\n")
 
 
-def test_a_job_on_object_storage_tells_the_script_its_uri() -> None:
-    wire = {"job": "gpt", "worldVersion": 1, "rank": 0, "worldSize": 1, "localWorldSize": 1,
+@pytest.mark.parametrize(
+    ("job", "checkpoint", "folder", "uri"),
+    [
+        ("gpt", {"path": "/claim"}, "/claim/gpt", None),
+        ("bert", {"path": "/claim"}, "/claim/bert", None),  # same claim: a folder of its own
+        ("gpt", {"path": "/ckpt", "uri": "s3://bucket/runs"}, "/ckpt/gpt", "s3://bucket/runs/gpt"),
+        ("gpt", {"path": "/ckpt", "uri": "s3://bucket"}, "/ckpt/gpt", "s3://bucket/gpt"),
+    ],
+)
+def test_the_script_checkpoints_in_the_jobs_own_folder_and_prefix_as_the_session_does(
+    job: str, checkpoint: dict[str, str], folder: str, uri: str | None
+) -> None:
+    """``ELASTRA_CHECKPOINT_DIR`` is the Session's root for the job (``CheckpointRoot``); with
+    ``checkpoint.uri`` it is the local staging folder and ``ELASTRA_CHECKPOINT_URI`` the job's
+    prefix, the Session's ``ObjectCheckpointRoot``."""
+    wire = {"job": job, "worldVersion": 1, "rank": 0, "worldSize": 1, "localWorldSize": 1,
             "masterAddr": "a", "masterPort": 29500, "globalBatchSize": 8,
-            "checkpoint": {"path": "/ckpt", "uri": "s3://bucket/runs"}}  # fmt: skip
-    env = torchrun_env({}, parse_assignment(wire), local_rank=0, restart_count=0)
-    assert env["ELASTRA_CHECKPOINT_URI"] == "s3://bucket/runs"
-    del wire["checkpoint"]["uri"]  # type: ignore[attr-defined]
-    env = torchrun_env({}, parse_assignment(wire), local_rank=0, restart_count=0)
-    assert "ELASTRA_CHECKPOINT_URI" not in env
+            "checkpoint": checkpoint}  # fmt: skip
+    a = parse_assignment(wire)
+    env = torchrun_env({}, a, local_rank=0, restart_count=0, progress_file=Path("/ctl/p.json"))
+    assert env["ELASTRA_CHECKPOINT_DIR"] == folder
+    assert folder == str(CheckpointRoot(checkpoint["path"], job=job).path)
+    assert env.get("ELASTRA_CHECKPOINT_URI") == uri
+    if uri is not None:
+        assert uri == ObjectCheckpointRoot(checkpoint["uri"], job=job).uri
 
 
 def test_launch_mode_comes_from_the_environment() -> None:
@@ -95,6 +115,7 @@ def test_plain_ddp_script_resizes_2_1_2_at_times_and_loses_no_step(tmp_path: Pat
     cmd = [sys.executable, "-m", "elastra_worker.cli", "local", "--launch", "torchrun",
            "--schedule", "2:0,1:8s,2:16s", "--steps", str(STEPS),
            "--checkpoint-dir", str(tmp_path / "ckpt"), "--log", str(log), "--world-timeout", "90",
+           "--work-dir", str(tmp_path / "pods"),
            "--", sys.executable, str(EXAMPLE), "--steps", str(STEPS),
            "--step-seconds", "0.2"]  # fmt: skip
     began = time.monotonic()
@@ -118,3 +139,7 @@ def test_plain_ddp_script_resizes_2_1_2_at_times_and_loses_no_step(tmp_path: Pat
     assert records[-1]["loss"] < records[0]["loss"]
     assert "job done" in proc.stderr
     assert took < 60
+    # The script's own report (ELASTRA_PROGRESS_FILE) is what the agent serves as metrics.
+    report = json.loads((tmp_path / "pods" / "pod-0" / "control" / "progress-0.json").read_text())
+    assert (report["step"], report["loss"]) == (STEPS, records[-1]["loss"])
+    assert 0 < report["samplesPerSecond"] <= 32 / 0.2  # the launcher's batch of 32, steps >= 0.2 s

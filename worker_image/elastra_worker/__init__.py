@@ -5,17 +5,20 @@ reshards across world sizes, and keeps the data order independent of the world s
 imports ``elastra`` and never talks to the Kubernetes API: a worker needs no credentials.
 
 ``Session`` (the training-script API) is imported lazily so that the agent, which only starts
-and watches trainers, never pays for importing torch.
+and watches trainers, never pays for importing torch. ``report_progress`` is a torchrun-mode
+script's one-line progress report (``control.py``; no torch).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .control import report_progress
+
 if TYPE_CHECKING:
     from .api import Session
 
-__all__ = ["Session"]
+__all__ = ["Session", "report_progress"]
 
 
 def __getattr__(name: str) -> Any:

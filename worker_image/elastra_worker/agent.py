@@ -39,10 +39,19 @@ from . import exitcodes
 from .assignment import Assignment, AssignmentError, read_assignment_file
 from .control import CONTROL_DIR_ENV, ControlDir
 from .cpushare import with_threads
+from .layout import CheckpointError, UnusableRootError
 from .lifeline import PARENT_PID_ENV
+from .staging import StagingError
 from .standby import warm_command
 from .termination import report_permanent
-from .torchrun import Launch, cold_command, torchrun_env
+from .torchrun import (
+    Launch,
+    checkpoint_dir,
+    cold_command,
+    prepare_checkpoint_dir,
+    staging_store,
+    torchrun_env,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +95,8 @@ class Agent:
         self._warm_argv = warm_command(config.command) if config.warm_start else None
         self._standbys: list[subprocess.Popen[bytes]] = []
         self._worlds_started = 0
+        self._stopped_clean: int | None = None
+        """torchrun mode: the world version whose script last exited 0 on a stop here."""
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -219,7 +230,13 @@ class Agent:
     def _trainer_env(self, a: Assignment, local_rank: int) -> dict[str, str]:
         base = with_threads(self.config.env, trainers=a.local_world_size)
         if self.config.launch == "torchrun":
-            return torchrun_env(base, a, local_rank=local_rank, restart_count=self._worlds_started)
+            return torchrun_env(
+                base,
+                a,
+                local_rank=local_rank,
+                restart_count=self._worlds_started,
+                progress_file=self.control.progress_path(local_rank),
+            )
         env = dict(base)
         env.update(
             {
@@ -247,6 +264,17 @@ class Agent:
             a.rank + a.local_world_size - 1,
             a.world_size,
         )
+        if self.config.launch == "torchrun":
+            try:
+                prepare_checkpoint_dir(a)
+            except UnusableRootError as err:  # no world of this job could ever save
+                report_permanent(str(err))
+                return "invalid"
+            except CheckpointError as err:  # the object store out of reach: maybe for now
+                log.error("%s", err)
+                return "failed"
+            if not self._download(a):
+                return "failed"
         warm = bool(self._standbys)
         procs = [self._start_trainer(self._trainer_env(a, lr)) for lr in range(a.local_world_size)]
         self._worlds_started += 1
@@ -372,19 +400,70 @@ class Agent:
     def _script_exit(
         self, a: Assignment, codes: list[int | None], *, stopping: bool, terminated: bool
     ) -> Outcome:
-        """Every script process has exited: done, or stopped for the next world."""
+        """Every script process has exited: done, or stopped for the next world. After exit 0
+        a job on object storage has its staging folder uploaded first (``_upload``)."""
         clean = all(c == 0 for c in codes)
+        uploaded = clean and self._upload(a)
+        self._stopped_clean = a.world_version if uploaded and stopping else None
         if stopping or terminated:
             if not clean:
                 log.info("script exit codes after SIGTERM: %s (no checkpoint promised)", codes)
-            self._set_state(checkpointed=clean)
+            self._set_state(checkpointed=uploaded)
             return "terminated" if terminated else "stopped"
+        if not uploaded:
+            return "failed"  # a new world trains from the last upload again
         # Exit 0 unasked is "finished", unless the next world is already assigned: then the
         # script most likely stopped with peers that got their SIGTERM first.
         if self._stop_reason(a) is not None:
             log.info("the script exited 0 while a new world was assigned: taken as stopped")
             return "stopped"
         return "done"
+
+    def _download(self, a: Assignment) -> bool:
+        """A job on object storage: the last upload into the staging folder, before the script
+        starts (every pod: any may hold rank 0). A pod whose script stopped cleanly in the
+        previous world first waits for that world's upload by its rank-0 pod (up to the grace
+        period): it may stop sooner than rank 0 finishes uploading. False: it could not be
+        fetched."""
+        store = staging_store(a)
+        if store is None:
+            return True
+        try:
+            if self._stopped_clean is not None and not store.wait_for_upload(
+                self._stopped_clean, timeout=self.config.grace_s
+            ):
+                log.warning(
+                    "no upload of world version %d after %.0fs (its rank 0 did not save?): "
+                    "starting from the last one",
+                    self._stopped_clean,
+                    self.config.grace_s,
+                )
+            count = store.download(checkpoint_dir(a))
+        except StagingError as err:
+            log.error("%s: not starting the script without its checkpoint", err)
+            return False
+        if count:
+            log.info("downloaded %d file(s) of the last upload into %s", count, checkpoint_dir(a))
+        return True
+
+    def _upload(self, a: Assignment) -> bool:
+        """A job on object storage: the world's rank-0 pod uploads the staging folder after the
+        script exited 0 (its stop checkpoint, or its last). False: the upload failed."""
+        store = staging_store(a)
+        if store is None or a.rank != 0:
+            return True
+        try:
+            count = store.upload(checkpoint_dir(a), a.world_version)
+        except StagingError as err:
+            log.error("%s: this world's checkpoint is not in the object store", err)
+            return False
+        log.info(
+            "uploaded %d file(s) of %s (world version %d)",
+            count,
+            checkpoint_dir(a),
+            a.world_version,
+        )
+        return True
 
 
 def _signal_all(procs: Sequence[subprocess.Popen[bytes]], sig: signal.Signals) -> None:

@@ -384,6 +384,16 @@ def split_checkpoint_uri(uri: str) -> tuple[str, str, str]:
     return scheme, bucket, "/".join(parts)
 
 
+def job_checkpoint_uri(uri: str, job: str) -> str:
+    """``<uri>/<job>``: the job's own prefix under ``checkpoint.uri`` (one bucket prefix may
+    hold several jobs), as ``objectstore.ObjectCheckpointRoot`` and torchrun mode's
+    ``$ELASTRA_CHECKPOINT_URI`` name it. ValueError for a bad URI or job name."""
+    if not job or "/" in job or "\0" in job or job in (".", ".."):
+        raise ValueError(f"job name {job[:80]!r} cannot name a prefix")
+    scheme, bucket, prefix = split_checkpoint_uri(uri)
+    return f"{scheme}://" + "/".join(p for p in (bucket, prefix, job) if p)
+
+
 def _checkpoint_uri(raw: Mapping[str, Any]) -> str:
     """``checkpoint.uri``: ``s3://bucket[/prefix]``, returned normalised (``""`` when absent)."""
     uri = _string(raw, "uri", "checkpoint.", MAX_URI, "")

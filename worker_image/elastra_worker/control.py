@@ -11,7 +11,9 @@ trainer can act on it, and costs one ``stat``.
   its steps) or ``stopped`` (it stopped on request), with the step and the checkpoint step.
 - ``progress-<local rank>.json``: written by a trainer after every step (step, loss, step
   seconds, samples/s, tokens/s when known, last checkpoint step); the agent serves it as
-  Prometheus metrics.
+  Prometheus metrics, which the operator reads into the job's status. A torchrun-mode script
+  gets the path as ``$ELASTRA_PROGRESS_FILE`` and writes it with ``report_progress`` (or by
+  hand: the same JSON object, replaced atomically).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 CONTROL_DIR_ENV = "ELASTRA_CONTROL_DIR"
+PROGRESS_FILE_ENV = "ELASTRA_PROGRESS_FILE"
 STOP = "stop"
 
 ExitState = Literal["done", "stopped"]
@@ -87,9 +90,13 @@ class ControlDir:
             world_version=int(raw.get("worldVersion", 0)),
         )
 
+    def progress_path(self, local_rank: int) -> Path:
+        """Where trainer ``local_rank`` reports its progress (local rank 0's is the pod's)."""
+        return self.path / f"progress-{local_rank}.json"
+
     def progress(self, local_rank: int) -> dict[str, Any] | None:
         """The last progress report of trainer ``local_rank``."""
-        return _read_json(self.path / f"progress-{local_rank}.json")
+        return _read_json(self.progress_path(local_rank))
 
     # trainer side
     def stop_requested(self) -> bool:
@@ -110,4 +117,41 @@ class ControlDir:
 
     def write_progress(self, local_rank: int, progress: Mapping[str, Any]) -> None:
         """Report progress after a step."""
-        _write_json(self.path / f"progress-{local_rank}.json", progress)
+        _write_json(self.progress_path(local_rank), progress)
+
+
+def report_progress(
+    step: int,
+    *,
+    loss: float | None = None,
+    samples_per_second: float | None = None,
+    step_seconds: float | None = None,
+    tokens_per_second: float | None = None,
+    last_checkpoint_step: int | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> bool:
+    """Report a torchrun-mode script's progress: ``step`` optimizer steps done, and what else
+    is known (``None`` is left out), for the job's status, metrics and dashboard as a
+    ``Session`` reports it. Cheap (one small file replaced); call it on every rank after each
+    step: local rank 0's report is the pod's, and the world's rank 0 pod's is the job's.
+
+    Returns False, writing nothing, where ``$ELASTRA_PROGRESS_FILE`` is not set (under plain
+    ``torchrun`` or ``python``), so a script may call it unconditionally.
+    """
+    path = environ.get(PROGRESS_FILE_ENV)
+    if not path:
+        return False
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"report_progress: step must be a whole number >= 0, got {step!r}")
+    rates = {
+        "loss": loss,
+        "samplesPerSecond": samples_per_second,
+        "stepSeconds": step_seconds,
+        "tokensPerSecond": tokens_per_second,
+    }
+    report: dict[str, int | float] = {"step": step}
+    report.update({k: float(v) for k, v in rates.items() if v is not None})
+    if last_checkpoint_step is not None:
+        report["lastCheckpointStep"] = int(last_checkpoint_step)
+    _write_json(Path(path), report)
+    return True

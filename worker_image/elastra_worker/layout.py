@@ -435,6 +435,16 @@ def _remove(path: Path) -> None:
             path.unlink()
 
 
+def job_root(path: str | os.PathLike[str], job: str) -> Path:
+    """``<path>/<job>``: the job's own folder on ``checkpoint.path`` (a claim several jobs may
+    share). The one place that names it: the Session's ``CheckpointRoot`` and torchrun mode's
+    ``$ELASTRA_CHECKPOINT_DIR`` both take it from here. ValueError for a job name that is not
+    one plain path component."""
+    if not _safe_name(job):
+        raise ValueError(f"job name {job[:80]!r} cannot name a directory")
+    return Path(path).resolve() / job
+
+
 class CheckpointRoot:
     """One job's checkpoint root, ``<path>/<job>/``: listing, verifying, committing, pruning.
 
@@ -444,10 +454,8 @@ class CheckpointRoot:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, job: str) -> None:
-        if not _safe_name(job):
-            raise ValueError(f"job name {job[:80]!r} cannot name a directory")
-        self.base = Path(path).resolve()
-        self.path = self.base / job
+        self.path = job_root(path, job)
+        self.base = self.path.parent
         self.job = job
 
     @property

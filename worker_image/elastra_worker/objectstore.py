@@ -36,7 +36,7 @@ from typing import Any
 
 import fsspec
 
-from .assignment import split_checkpoint_uri
+from .assignment import job_checkpoint_uri, split_checkpoint_uri
 from .layout import (
     LATEST,
     MANIFEST,
@@ -63,6 +63,11 @@ _OPTIONS: dict[str, Any] = {"use_listings_cache": False, "skip_instance_cache": 
 of its own made from the environment as it is now (fsspec reuses clients by arguments alone)."""
 
 
+def filesystem(scheme: str) -> Any:
+    """An fsspec client for ``scheme`` with these options (imports s3fs for ``s3``)."""
+    return fsspec.filesystem(scheme, **_OPTIONS)
+
+
 def _client_errors() -> tuple[type[BaseException], ...]:
     """The exception classes an S3 request may raise besides OSError: botocore's own."""
     try:
@@ -81,7 +86,7 @@ def _connection_errors() -> tuple[type[BaseException], ...]:
     return (EndpointUnreachable,)
 
 
-def _describe(err: BaseException) -> str:
+def describe_error(err: BaseException) -> str:
     """A one-line reason for a client error (errno name or botocore class, then its text)."""
     if isinstance(err, OSError) and err.errno:
         code = errno.errorcode.get(err.errno, str(err.errno))
@@ -96,11 +101,10 @@ class ObjectCheckpointRoot:
     """One job's checkpoint root in an object store: ``<uri>/<job>/`` (``CheckpointStore``)."""
 
     def __init__(self, uri: str, *, job: str) -> None:
-        if not job or "/" in job or "\0" in job or job in (".", ".."):
-            raise ValueError(f"job name {job[:80]!r} cannot name a prefix")
-        self.scheme, self.bucket, prefix = split_checkpoint_uri(uri)
+        own = job_checkpoint_uri(uri, job)
+        self.scheme, self.bucket, _ = split_checkpoint_uri(own)
         self.job = job
-        self.path = "/".join(p for p in (self.bucket, prefix, job) if p)
+        self.path = own.removeprefix(f"{self.scheme}://")
         """The root as fsspec names it: ``bucket/prefix/job``, no scheme."""
         self._fs: Any = None
 
@@ -118,7 +122,7 @@ class ObjectCheckpointRoot:
     def fs(self) -> Any:
         """The fsspec client, made on first use (imports s3fs)."""
         if self._fs is None:
-            self._fs = fsspec.filesystem(self.scheme, **_OPTIONS)
+            self._fs = filesystem(self.scheme)
         return self._fs
 
     def _key(self, *parts: str) -> str:
@@ -143,14 +147,15 @@ class ObjectCheckpointRoot:
             self.fs.rm_file(key)
         except _connection_errors() as err:
             raise CheckpointError(
-                f"checkpoint.uri {self.uri}: cannot reach the object store ({_describe(err)}); "
-                "check AWS_ENDPOINT_URL if it is an S3-compatible server"
+                f"checkpoint.uri {self.uri}: cannot reach the object store "
+                f"({describe_error(err)}); check AWS_ENDPOINT_URL if it is an S3-compatible "
+                "server"
             ) from err
         except errors as err:
             raise UnusableRootError(
-                f"checkpoint.uri {self.uri} is not usable: {_describe(err)}; check the bucket, "
-                "the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, e.g. from a Secret "
-                "in spec.worker.template) and AWS_ENDPOINT_URL for an S3-compatible server"
+                f"checkpoint.uri {self.uri} is not usable: {describe_error(err)}; check the "
+                "bucket, the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, e.g. from a "
+                "Secret in spec.worker.template) and AWS_ENDPOINT_URL for an S3-compatible server"
             ) from err
 
     # ---- listing and verifying ------------------------------------------------------------
@@ -168,7 +173,7 @@ class ObjectCheckpointRoot:
         try:
             entries = self._list(self.path)
         except _client_errors() as err:
-            log.warning("cannot list checkpoint root %s: %s", self.uri, _describe(err))
+            log.warning("cannot list checkpoint root %s: %s", self.uri, describe_error(err))
             return []
         for entry in entries:
             step = parse_step_dir_name(posixpath.basename(str(entry["name"]).rstrip("/")))
@@ -184,7 +189,7 @@ class ObjectCheckpointRoot:
         except FileNotFoundError:
             return None
         except _client_errors() as err:
-            log.warning("ignoring checkpoint pointer %s: %s", where, _describe(err))
+            log.warning("ignoring checkpoint pointer %s: %s", where, describe_error(err))
             return None
         return pointer_step(bytes(data), where=where)
 
@@ -198,7 +203,7 @@ class ObjectCheckpointRoot:
         try:
             return self._check_structure(step, where)
         except _client_errors() as err:
-            raise CheckpointError(f"{where}: unreadable ({_describe(err)})") from err
+            raise CheckpointError(f"{where}: unreadable ({describe_error(err)})") from err
 
     def _check_structure(self, step: int, where: str) -> Manifest:
         key = self._key(step_dir_name(step))
@@ -221,7 +226,9 @@ class ObjectCheckpointRoot:
         try:
             data = self.fs.cat_file(key, start=0, end=_MANIFEST_MAX)
         except _client_errors() as err:
-            raise CheckpointError(f"{where}/{MANIFEST}: unreadable ({_describe(err)})") from err
+            raise CheckpointError(
+                f"{where}/{MANIFEST}: unreadable ({describe_error(err)})"
+            ) from err
         manifest = Manifest.parse(bytes(data), where=where)
         for name in names:
             entry = manifest.files.get(name)
@@ -239,7 +246,7 @@ class ObjectCheckpointRoot:
                     h.update(chunk)
                     size += len(chunk)
         except _client_errors() as err:
-            raise CheckpointError(f"{where}: unreadable ({_describe(err)})") from err
+            raise CheckpointError(f"{where}: unreadable ({describe_error(err)})") from err
         return FileEntry(size=size, sha256=h.hexdigest())
 
     # ---- saving -----------------------------------------------------------------------------
@@ -305,7 +312,7 @@ class ObjectCheckpointRoot:
             try:
                 self.fs.rm(self._key(step_dir_name(step)), recursive=True)
             except _client_errors() as err:
-                log.warning("cannot prune %s: %s", self.step_location(step), _describe(err))
+                log.warning("cannot prune %s: %s", self.step_location(step), describe_error(err))
         return removed
 
     def _strip(self, location: str) -> str:

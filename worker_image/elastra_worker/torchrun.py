@@ -29,17 +29,27 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
-from .assignment import POD_GPUS_ENV, PRECISION_ENV, Assignment
+from .assignment import POD_GPUS_ENV, PRECISION_ENV, Assignment, job_checkpoint_uri
+from .control import PROGRESS_FILE_ENV
+from .layout import job_root, probe_writable
 from .lifeline import PARENT_PID_ENV, arm_from_env
+from .staging import StagingStore
 
 Launch = Literal["elastra", "torchrun"]
 LAUNCHES: tuple[Launch, ...] = ("elastra", "torchrun")
 LAUNCH_ENV = "ELASTRA_LAUNCH"
 MAX_RESTARTS_ENV = "ELASTRA_MAX_RESTARTS"
-DEFAULT_MAX_RESTARTS = 10  # the TrainingJob's default spec.maxRestarts
+DEFAULT_MAX_RESTARTS = 10  # the TrainingJob's default failurePolicy.maxRestarts
+CHECKPOINT_DIR_ENV = "ELASTRA_CHECKPOINT_DIR"
+CHECKPOINT_URI_ENV = "ELASTRA_CHECKPOINT_URI"
+DEFAULT_STAGING = os.path.join(tempfile.gettempdir(), "elastra-checkpoints")
+"""Where the staging folder goes when an assignment names only ``checkpoint.uri`` (the operator
+always names a path: the pod's checkpoint volume)."""
 
 # Variables of the agent's environment a plain script must not inherit: the agent store flag
 # would make rank 0 look for a store nobody hosts; the Session variables would make a script
@@ -62,14 +72,21 @@ def launch_from_env(environ: Mapping[str, str] = os.environ) -> Launch:
 
 
 def torchrun_env(
-    base: Mapping[str, str], a: Assignment, *, local_rank: int, restart_count: int
+    base: Mapping[str, str],
+    a: Assignment,
+    *,
+    local_rank: int,
+    restart_count: int,
+    progress_file: Path,
 ) -> dict[str, str]:
     """The environment of local rank ``local_rank`` of world ``a``, as torchrun would set it.
 
-    Plus ``ELASTRA_CHECKPOINT_DIR`` (where to checkpoint), ``ELASTRA_WORLD_VERSION``,
+    Plus ``ELASTRA_CHECKPOINT_DIR`` (where to checkpoint: ``checkpoint_dir``), with
+    ``checkpoint.uri`` ``ELASTRA_CHECKPOINT_URI`` (the job's own prefix), ``ELASTRA_WORLD_VERSION``,
     ``ELASTRA_GLOBAL_BATCH_SIZE`` (to keep the global batch fixed across world sizes),
     ``ELASTRA_PRECISION`` (``training.precision``: the script applies it) and
-    ``ELASTRA_POD_GPUS`` (the pod's GPUs, checked before the script starts).
+    ``ELASTRA_POD_GPUS`` (the pod's GPUs, checked before the script starts) and
+    ``ELASTRA_PROGRESS_FILE`` (``progress_file``: where ``control.report_progress`` writes).
     """
     env = {k: v for k, v in base.items() if k not in _DROPPED}
     rank = a.rank + local_rank
@@ -90,18 +107,45 @@ def torchrun_env(
             "TORCHELASTIC_RESTART_COUNT": str(restart_count),
             "TORCHELASTIC_MAX_RESTARTS": base.get(MAX_RESTARTS_ENV, str(DEFAULT_MAX_RESTARTS)),
             "TORCHELASTIC_RUN_ID": a.job,
-            "ELASTRA_CHECKPOINT_DIR": a.checkpoint.path,
+            CHECKPOINT_DIR_ENV: str(checkpoint_dir(a)),
             "ELASTRA_WORLD_VERSION": str(a.world_version),
             "ELASTRA_GLOBAL_BATCH_SIZE": str(a.global_batch_size),
             "ELASTRA_JOB": a.job,
             PRECISION_ENV: a.precision,
             POD_GPUS_ENV: str(a.gpus),
             PARENT_PID_ENV: str(os.getpid()),
+            PROGRESS_FILE_ENV: str(progress_file),
         }
     )
-    if a.checkpoint.uri:  # the script writes there itself (fsspec/s3fs are in the image)
-        env["ELASTRA_CHECKPOINT_URI"] = a.checkpoint.uri
+    if a.checkpoint.uri:  # the script uploads there itself (fsspec/s3fs are in the image)
+        env[CHECKPOINT_URI_ENV] = job_checkpoint_uri(a.checkpoint.uri, a.job)
     return env
+
+
+def checkpoint_dir(a: Assignment) -> Path:
+    """The script's ``$ELASTRA_CHECKPOINT_DIR``: the job's own folder on ``checkpoint.path``,
+    the one the Session uses (``layout.job_root``), so jobs sharing a claim never meet. With
+    ``checkpoint.uri`` it is on the pod's own volume: a staging folder that the agents keep in
+    the object store (``staging_store``)."""
+    return job_root(a.checkpoint.path or DEFAULT_STAGING, a.job)
+
+
+def staging_store(a: Assignment) -> StagingStore | None:
+    """Where the agents keep the staging folder of a job with ``checkpoint.uri`` (the job's
+    own prefix; ``staging.py``); None for a job on a claim."""
+    return StagingStore(job_checkpoint_uri(a.checkpoint.uri, a.job)) if a.checkpoint.uri else None
+
+
+def prepare_checkpoint_dir(a: Assignment) -> None:
+    """Create the job's checkpoint folder and check it takes a durable write, and with
+    ``checkpoint.uri`` that the job's prefix takes an object (the Session's probe), before the
+    script starts: UnusableRootError (a permanent error: the folder and the errno, the bucket
+    or the credentials) or CheckpointError (an object store out of reach: retryable)."""
+    probe_writable(checkpoint_dir(a))
+    if a.checkpoint.uri:
+        from .objectstore import ObjectCheckpointRoot  # noqa: PLC0415 - fsspec: uri jobs only
+
+        ObjectCheckpointRoot(a.checkpoint.uri, job=a.job).probe()
 
 
 def cold_command(command: list[str]) -> list[str]:

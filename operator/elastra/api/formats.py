@@ -17,6 +17,10 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?
 ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 QUANTITY = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]i?|Ki)?$"
 SIZE = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]i?|Ki)?$"
+POSITIVE_SIZE = (
+    r"^([0-9]*[1-9][0-9]*(\.[0-9]*)?|[0-9]*\.[0-9]*[1-9][0-9]*)([eE][+-]?[0-9]+|[numkMGTPE]i?|Ki)?$"
+)
+"""``SIZE`` without zero: a digit 1-9 somewhere in the number."""
 URI = r"^[a-z][a-z0-9+.-]*://.+$"
 GPU_TYPE = r"^[A-Za-z0-9][-A-Za-z0-9_.]*$"
 ABSOLUTE_PATH = r"^/"
@@ -27,6 +31,7 @@ PATTERN_HINTS = {
     ENV_NAME: "an environment variable name: letters, digits, '_', '-', '.', not a digit first",
     QUANTITY: "a Kubernetes quantity such as 500m, 2, 4Gi",
     SIZE: "a size as a Kubernetes quantity without a sign, such as 512Mi, 1Gi or 0",
+    POSITIVE_SIZE: "a size above zero as a Kubernetes quantity, such as 512Mi or 20Gi",
     URI: "a URI with a scheme, such as s3://bucket/prefix",
     GPU_TYPE: "a GPU type: letters, digits, '-', '_', '.' (e.g. H100, NVIDIA-A100-SXM4-80GB)",
     ABSOLUTE_PATH: "an absolute path (starting with /)",
@@ -38,6 +43,7 @@ Arg = Annotated[str, StringConstraints(max_length=4096)]
 GpuTypeName = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=GPU_TYPE)]
 Quantity = Annotated[str, StringConstraints(max_length=64, pattern=QUANTITY)]
 Size = Annotated[str, StringConstraints(max_length=64, pattern=SIZE)]
+PositiveSize = Annotated[str, StringConstraints(max_length=64, pattern=POSITIVE_SIZE)]
 ResourceName = Annotated[str, StringConstraints(min_length=1, max_length=253)]
 DnsLabel = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=DNS_LABEL)]
 DnsName = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]

@@ -36,7 +36,15 @@ from elastra.planner.catalog import GPU_RESOURCES
 WORKER_CONTAINER = "worker"
 """The container that runs the trainer; a template entry with this name adds to it."""
 
-RESERVED_VOLUMES = ("assignment", "checkpoints", "dshm", "tmp")
+CACHE_VOLUME = "elastra-cache"
+"""The worker's cache volume (``HF_HOME``, ``TORCH_HOME``; ``controller.decide.manifests``)."""
+CACHE_DIR = "/var/cache/elastra"
+"""Where the cache volume is mounted in the worker container."""
+DEFAULT_CACHE_SIZE = "20Gi"
+"""The cache volume's sizeLimit unless the operator or the job says otherwise: room for a 7B
+model's weights in bf16 (about 14 GB) beside torch hub's downloads."""
+
+RESERVED_VOLUMES = ("assignment", "checkpoints", "dshm", "tmp", CACHE_VOLUME)
 """Volumes Elastra adds to every worker pod."""
 
 RESERVED_ENV = (
@@ -45,8 +53,15 @@ RESERVED_ENV = (
     "POD_NAME",
     "ELASTRA_LAUNCH",
     "ELASTRA_MODEL",
+    "ELASTRA_MAX_RESTARTS",
 )
 """Environment variables Elastra sets in the worker container."""
+
+
+def spelled(names: tuple[str, ...], last: str) -> str:
+    """``a, b and c`` (``last``: ``and``/``or``): a tuple of names in a message."""
+    return f"{', '.join(names[:-1])} {last} {names[-1]}" if len(names) > 1 else names[0]
+
 
 RESERVED_MOUNT_PATHS = ("/etc/elastra", "/dev/shm", "/tmp")
 """Where Elastra mounts the assignment, shared memory and scratch space in the worker."""
@@ -367,9 +382,9 @@ class TemplateContainer(ApiModel):
                 f"self.env.all(e, !(e.name in {_in(RESERVED_ENV)}))"
             ),
             message=(
-                "the worker container's env may not set ELASTRA_ASSIGNMENT_FILE, "
-                "ELASTRA_METRICS_PORT, POD_NAME, ELASTRA_LAUNCH or ELASTRA_MODEL: Elastra sets "
-                "them (from spec.worker.launch and spec.model)"
+                "the worker container's env may not set "
+                f"{spelled(RESERVED_ENV, 'or')}: Elastra sets them (from spec.worker.launch, "
+                "spec.model and spec.failurePolicy)"
             ),
             check=lambda c: (
                 c.name != WORKER_CONTAINER or not any(e.name in RESERVED_ENV for e in c.env or ())
@@ -450,8 +465,7 @@ class Volume(ApiModel):
         Rule(
             cel=f"!(self.name in {_in(RESERVED_VOLUMES)})",
             message=(
-                "volume names assignment, checkpoints, dshm and tmp are Elastra's: pick "
-                "another name"
+                f"volume names {spelled(RESERVED_VOLUMES, 'and')} are Elastra's: pick another name"
             ),
             check=lambda v: v.name not in RESERVED_VOLUMES,
             field=".name",
@@ -551,7 +565,7 @@ def _mounts_rule(field: str) -> Rule:
         ),
         message=(
             f"{field}[].volumeMounts must name a volume of the template or one of Elastra's "
-            "(assignment, checkpoints, dshm, tmp)"
+            f"({', '.join(RESERVED_VOLUMES)})"
         ),
         check=lambda s: _mounts_known(s, field),
         field=f".{field}",
@@ -572,7 +586,7 @@ class TemplatePodSpec(ApiModel):
         default_factory=list,
         max_length=32,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
-        description="Volumes added to Elastra's (assignment, checkpoints, dshm, tmp).",
+        description=f"Volumes added to Elastra's ({', '.join(RESERVED_VOLUMES)}).",
     )
     containers: list[TemplateContainer] = Field(
         default_factory=list,

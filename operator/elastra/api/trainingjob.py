@@ -25,9 +25,19 @@ from elastra.api.formats import (
     Arg,
     EnvName,
     GpuTypeName,
+    PositiveSize,
     Size,
 )
-from elastra.api.podtemplate import PodSecurity, PodTemplate, ResourceRequirements
+from elastra.api.podtemplate import (
+    CACHE_DIR,
+    DEFAULT_CACHE_SIZE,
+    RESERVED_ENV,
+    RESERVED_VOLUMES,
+    PodSecurity,
+    PodTemplate,
+    ResourceRequirements,
+    spelled,
+)
 from elastra.api.rules import Rule, immutable
 
 MAX_REPLICAS = 4096
@@ -143,8 +153,7 @@ class WorkerSpec(ApiModel):
         description=(
             "Literal environment variables of the worker container (and so of the trainer). "
             "For a Secret or ConfigMap value use worker.template. Elastra's own "
-            "(ELASTRA_ASSIGNMENT_FILE, ELASTRA_METRICS_PORT, POD_NAME, ELASTRA_LAUNCH, "
-            "ELASTRA_MODEL) come after these and win."
+            f"({', '.join(RESERVED_ENV)}) come after these and win."
         ),
     )
     resources: ResourceRequirements = Field(
@@ -185,6 +194,17 @@ class WorkerSpec(ApiModel):
             "It counts against the pod's memory limit. 0 mounts none."
         ),
     )
+    cache_size: PositiveSize | None = Field(
+        default=None,
+        description=(
+            f"sizeLimit of the emptyDir mounted at {CACHE_DIR} in the worker container, "
+            "where HF_HOME and TORCH_HOME point (Hugging Face and torch hub downloads; the "
+            "root file system is read-only and /tmp small). Unset: the operator's default "
+            f"(Helm value workerCacheSize, else {DEFAULT_CACHE_SIZE}). A pod that writes more "
+            "is evicted. The job's env may set HF_HOME or TORCH_HOME, and the template may "
+            f"mount a volume of its own at {CACHE_DIR}: theirs win."
+        ),
+    )
     pod_security: PodSecurity = Field(
         default=PodSecurity.RESTRICTED,
         description=(
@@ -209,8 +229,9 @@ class WorkerSpec(ApiModel):
             "priorityClassName; serviceAccountName; imagePullSecrets. Elastra owns, and the "
             "API server rejects: nodeName, schedulingGates, hostNetwork, hostPID, hostIPC, "
             "securityContext (see podSecurity), the worker container's image, command, args "
-            "and resources (set in spec.worker), and the volumes assignment, checkpoints, "
-            "dshm and tmp. Other PodSpec fields are not part of the template."
+            "and resources (set in spec.worker), and the volumes "
+            f"{spelled(RESERVED_VOLUMES, 'and')}. Other PodSpec fields are not part of the "
+            "template."
         ),
     )
 
@@ -378,7 +399,9 @@ class CheckpointSpec(ApiModel):
         description=(
             "Object storage for the checkpoints, s3://BUCKET[/PREFIX] (S3 or an S3-compatible "
             "server): elastra_worker's Session and the reference trainer write each job under "
-            "PREFIX/JOB (the job's name) and resume from there, instead of path. Credentials and "
+            "PREFIX/JOB (the job's name) and resume from there, instead of path; in torchrun "
+            "mode the agents upload the script's local folder there (docs/torchrun.md). "
+            "Credentials and "
             "endpoint come from the worker's environment: AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY (e.g. from a Secret through spec.worker.template env or "
             "envFrom), AWS_ENDPOINT_URL for a server other than AWS. Other schemes, a missing "

@@ -171,6 +171,15 @@ def register(sub: Any) -> None:
         f"file system is read-only (default {OperatorSettings.worker_tmp_size})",
     )
     parser.add_argument(
+        "--worker-cache-size",
+        type=_size,
+        default=OperatorSettings.worker_cache_size,
+        metavar="QUANTITY",
+        help="sizeLimit of each worker's cache volume, where HF_HOME and TORCH_HOME point, "
+        "unless the job sets spec.worker.cacheSize "
+        f"(default {OperatorSettings.worker_cache_size})",
+    )
+    parser.add_argument(
         "--sharing",
         choices=[scope.value for scope in Scope],
         default=OperatorSettings.sharing.value,
@@ -294,6 +303,7 @@ def run(args: argparse.Namespace) -> int:
         network_policy=args.network_policy,
         metrics_peers=metrics_peers(args, os.environ.get("POD_NAMESPACE")),
         worker_tmp_size=args.worker_tmp_size,
+        worker_cache_size=args.worker_cache_size,
         sharing=Scope(args.sharing),
         capacity_requests=args.capacity_requests == "on",
         capacity_request_timeout=timedelta(seconds=args.capacity_request_timeout_seconds),

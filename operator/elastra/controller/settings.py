@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from elastra.api.podtemplate import DEFAULT_CACHE_SIZE
 from elastra.elastic.resize import ResizePolicy
 from elastra.elastic.share import Scope
 from elastra.planner.scheduling import PodToleration
@@ -77,6 +78,9 @@ class OperatorSettings:
     """sizeLimit of each worker's /tmp: the root file system is read-only, so scratch files,
     HOME and the torch compiler caches live there, and a runaway writer is evicted instead of
     filling the node's disk."""
+    worker_cache_size: str = DEFAULT_CACHE_SIZE
+    """sizeLimit of each worker's cache volume (``HF_HOME``, ``TORCH_HOME``), which a 1Gi /tmp
+    could not hold; a job's ``spec.worker.cacheSize`` overrides it."""
     sharing: Scope = Scope.NAMESPACE
     """Which jobs give GPUs to a job starved below its minimum (``elastra.elastic.share``):
     none, those of its namespace, or those of every namespace; never one of higher priority."""

@@ -32,7 +32,7 @@ from elastra.planner.eligibility import WorkerConstraints, as_built_for
 from elastra.planner.inventory import parse_inventory
 from elastra.planner.scheduling import NodeFacts, PodConstraints, PodToleration, Taint, refusal
 from elastra_worker.assignment import ParallelPlan
-from tests.cases.specs import DELETE, FULL_TEMPLATE, apply_edits, base_manifest
+from tests.cases.specs import DELETE, FULL_TEMPLATE, TEMPLATE, apply_edits, base_manifest
 from tests.unit.planner.nodes import node as planner_node
 from tests.unit.planner.nodes import node_list
 from tests.unit.test_helm_chart import restricted_violations
@@ -86,8 +86,9 @@ def test_secret_backed_env_reaches_the_worker_before_elastras_own() -> None:
         "NCCL_DEBUG",  # spec.worker.env
         "HF_TOKEN", "RUN_NAME", "NODE", "LOG_LEVEL",  # the template's worker entry
         "ELASTRA_ASSIGNMENT_FILE", "ELASTRA_METRICS_PORT", "POD_NAME", "ELASTRA_LAUNCH",
-        "ELASTRA_CPU_MILLIS", "ELASTRA_MODEL",  # Elastra's
+        "ELASTRA_MAX_RESTARTS", "ELASTRA_CPU_MILLIS", "ELASTRA_MODEL",  # Elastra's
         "HOME", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",  # scratch
+        "HF_HOME", "TORCH_HOME",  # the cache volume
         "ELASTRA_GRACE_SECONDS",  # the agent's deadline from the pod's, unless the job sets it
     ]  # fmt: skip
     assert container(pod, "worker")["envFrom"] == [{"configMapRef": {"name": "train-config"}}]
@@ -367,6 +368,17 @@ def test_the_agent_gets_the_pods_grace_period_less_a_margin(
             if e["name"] == "ELASTRA_GRACE_SECONDS"] == ["40"]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("edits", "restarts"), [({}, "10"), ({"spec.failurePolicy.maxRestarts": 3}, "3")]
+)
+def test_the_failure_policys_restarts_reach_the_agent(edits: dict[str, Any], restarts: str) -> None:
+    """``failurePolicy.maxRestarts`` (default 10), for torchrun's ``TORCHELASTIC_MAX_RESTARTS``;
+    the job's own ``worker.env`` cannot contradict the policy."""
+    own = {"spec.worker.env": [{"name": "ELASTRA_MAX_RESTARTS", "value": "99"}]}
+    env = container(build({**edits, **own}), "worker")["env"]
+    assert {e["name"]: e.get("value") for e in env}["ELASTRA_MAX_RESTARTS"] == restarts
+
+
 def test_the_model_section_reaches_the_reference_trainer() -> None:
     env = {e["name"]: e.get("value") for e in container(build(), "worker")["env"]}
     model = json.loads(env["ELASTRA_MODEL"])
@@ -401,7 +413,7 @@ def test_every_writable_mount_of_the_worker_is_a_volume() -> None:
     """What the trainer may write: /tmp, the checkpoints and /dev/shm; the assignment is not."""
     mounts = {m["mountPath"]: m for m in container(build(), "worker")["volumeMounts"]}
     writable = sorted(path for path, m in mounts.items() if not m.get("readOnly"))
-    assert writable == ["/checkpoints", "/dev/shm", "/tmp"]
+    assert writable == ["/checkpoints", "/dev/shm", "/tmp", "/var/cache/elastra"]
     assert mounts["/etc/elastra"]["readOnly"] is True
 
 
@@ -411,6 +423,59 @@ def test_home_tmpdir_and_torch_caches_point_into_tmp() -> None:
     assert env["TMPDIR"] == "/tmp"
     assert env["TORCHINDUCTOR_CACHE_DIR"] == "/tmp/torchinductor"
     assert env["TRITON_CACHE_DIR"] == "/tmp/triton"
+
+
+CACHE = "/var/cache/elastra"
+
+
+@pytest.mark.parametrize(
+    ("edits", "settings", "size"),
+    [
+        ({}, SETTINGS, "20Gi"),  # the default
+        ({}, OperatorSettings(worker_cache_size="50Gi"), "50Gi"),  # the chart's workerCacheSize
+        ({"spec.worker.cacheSize": "100Gi"}, OperatorSettings(worker_cache_size="50Gi"), "100Gi"),
+    ],
+)
+def test_hf_and_torch_caches_are_on_a_cache_volume_whose_size_the_job_can_set(
+    edits: dict[str, Any], settings: OperatorSettings, size: str
+) -> None:
+    pod = build(edits, settings=settings)
+    (cache,) = [v for v in pod["spec"]["volumes"] if v["name"] == "elastra-cache"]
+    assert cache == {"name": "elastra-cache", "emptyDir": {"sizeLimit": size}}
+    worker = container(pod, "worker")
+    assert {"name": "elastra-cache", "mountPath": CACHE} in worker["volumeMounts"]
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert (env["HF_HOME"], env["TORCH_HOME"]) == (f"{CACHE}/huggingface", f"{CACHE}/torch")
+
+
+@pytest.mark.parametrize(
+    ("where", "entry"),
+    [
+        ("spec.worker.env", {"name": "HF_HOME", "value": "/models/hf"}),
+        (f"{TEMPLATE}.containers", {"name": "worker",
+                                   "env": [{"name": "HF_HOME", "value": "/models/hf"}]}),
+    ],
+)  # fmt: skip
+def test_the_jobs_own_hf_home_wins(where: str, entry: dict[str, Any]) -> None:
+    pod = build({where: [entry]})
+    env = [(e["name"], e.get("value")) for e in container(pod, "worker")["env"]]
+    assert [v for k, v in env if k == "HF_HOME"] == ["/models/hf"]  # one entry: the job's
+    assert ("TORCH_HOME", f"{CACHE}/torch") in env  # the other still on the cache volume
+
+
+def test_a_template_volume_mounted_at_the_cache_path_wins() -> None:
+    """The template's volume is the cache (a claim of downloaded models); Elastra's stays in
+    the pod, unmounted, since the template may mount it elsewhere."""
+    worker = {"name": "worker", "volumeMounts": [{"name": "models", "mountPath": CACHE + "/"}]}
+    models = {"name": "models", "persistentVolumeClaim": {"claimName": "hf-models"}}
+    pod = build({f"{TEMPLATE}.containers": [worker], f"{TEMPLATE}.volumes": [models]})
+    mounts = [
+        m for m in container(pod, "worker")["volumeMounts"] if m["mountPath"].rstrip("/") == CACHE
+    ]
+    assert mounts == [{"name": "models", "mountPath": CACHE + "/"}]
+    assert "elastra-cache" in [v["name"] for v in pod["spec"]["volumes"]]
+    env = {e["name"]: e.get("value") for e in container(pod, "worker")["env"]}
+    assert env["HF_HOME"] == f"{CACHE}/huggingface"  # into the template's volume
 
 
 @pytest.mark.parametrize(

@@ -19,8 +19,10 @@ them with what exists and sends only the difference. Choices a reader should kno
   that for the worker container only.
 - **A read-only root for the trainer**: the worker container cannot change its image; what it
   writes goes to /tmp (a size-limited emptyDir that HOME, TMPDIR and torch's compiler caches
-  point into), the checkpoint volume or /dev/shm. The template may set HOME, TMPDIR and the
-  cache variables itself (its env wins over these defaults) and mount more writable volumes.
+  point into), the checkpoint volume, the cache volume (``HF_HOME``, ``TORCH_HOME``: downloads
+  that outgrow /tmp) or /dev/shm. The template may set HOME, TMPDIR and the cache variables
+  itself (its env wins over these defaults), mount a volume of its own at the cache path (it
+  wins too) and mount more writable volumes.
 - **Network isolation** (``network_policy``): a job's workers accept traffic from the pods of
   their job only (rendezvous, the TCPStore, collectives: any port), and from the operator's
   pods (and scrapers the installer names) on the metrics port. Egress stays open (object
@@ -37,6 +39,7 @@ them with what exists and sends only the difference. Choices a reader should kno
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +47,8 @@ from typing import Any
 from elastra.api import API_VERSION, KIND, TrainingJob
 from elastra.api.formats import is_zero_size
 from elastra.api.podtemplate import (
+    CACHE_DIR,
+    CACHE_VOLUME,
     WORKER_CONTAINER,
     Affinity,
     NodeAffinity,
@@ -57,6 +62,7 @@ from elastra.planner.catalog import GPU_RESOURCES, NVIDIA_GPU, resource_of, sele
 from elastra.planner.eligibility import WorkerConstraints, is_extended, requested_toleration
 from elastra.planner.scheduling import PodConstraints, PodToleration
 from elastra_worker.assignment import Assignment, CheckpointPolicy, ParallelPlan
+from elastra_worker.torchrun import MAX_RESTARTS_ENV
 
 LABEL_JOB = "elastra.dev/job"
 LABEL_SLOT = "elastra.dev/slot"
@@ -85,6 +91,9 @@ SCRATCH_ENV = (
 )
 """Where the trainer's scratch files and caches go, the root file system being read-only; set
 only where the job's own env does not name the variable."""
+CACHE_ENV = (("HF_HOME", f"{CACHE_DIR}/huggingface"), ("TORCH_HOME", f"{CACHE_DIR}/torch"))
+"""Downloads that outgrow /tmp (a Hugging Face model, torch hub weights) go to the cache volume;
+set, like ``SCRATCH_ENV``, only where the job's own env does not name the variable."""
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 """Set on every namespace by the API server (1.22+): selects the operator's namespace by name."""
 
@@ -511,6 +520,8 @@ def _worker_container(
         {"name": "ELASTRA_METRICS_PORT", "value": str(settings.metrics_port)},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "ELASTRA_LAUNCH", "value": str(worker.launch)},
+        # torchrun mode shows it to the script as TORCHELASTIC_MAX_RESTARTS.
+        {"name": MAX_RESTARTS_ENV, "value": str(job.spec.failure_policy.max_restarts)},
         # The trainers size their thread pools by it (elastra_worker.cpushare), not by the node.
         {
             "name": "ELASTRA_CPU_MILLIS",
@@ -528,12 +539,16 @@ def _worker_container(
         env.append({"name": "ELASTRA_MODEL", "value": model})
     named = {e["name"] for e in env}
     grace = (GRACE_ENV, str(agent_grace_seconds(settings.termination_grace_seconds)))
-    env += [{"name": k, "value": v} for k, v in (*SCRATCH_ENV, grace) if k not in named]
+    defaults = (*SCRATCH_ENV, *CACHE_ENV, grace)
+    env += [{"name": k, "value": v} for k, v in defaults if k not in named]
     mounts = [
         {"name": "assignment", "mountPath": ASSIGNMENT_DIR, "readOnly": True},
         {"name": "checkpoints", "mountPath": job.spec.checkpoint.path},
         {"name": TMP_VOLUME, "mountPath": TMP_DIR},
     ]
+    own = additions.volume_mounts if additions and additions.volume_mounts else ()
+    if not any(os.path.normpath(m.mount_path) == CACHE_DIR for m in own):
+        mounts.append({"name": CACHE_VOLUME, "mountPath": CACHE_DIR})  # else the template's
     if not is_zero_size(worker.shm_size):
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
     if additions and additions.volume_mounts:
@@ -568,8 +583,11 @@ def _sidecar(container: TemplateContainer, *, restricted: bool) -> dict[str, Any
 
 
 def _elastra_volumes(job: TrainingJob, settings: OperatorSettings) -> list[dict[str, Any]]:
-    """The assignment, the checkpoints, bounded scratch space and, unless sized 0, /dev/shm."""
+    """The assignment, the checkpoints, bounded scratch space, the cache and, unless sized 0,
+    /dev/shm. The cache volume is there even where the template mounts its own volume at
+    ``CACHE_DIR`` (then the worker does not mount it): the template may mount it elsewhere."""
     checkpoint = job.spec.checkpoint
+    cache_size = job.spec.worker.cache_size or settings.worker_cache_size
     checkpoint_volume: dict[str, Any] = (
         {"persistentVolumeClaim": {"claimName": checkpoint.volume}}
         if checkpoint.volume
@@ -585,6 +603,7 @@ def _elastra_volumes(job: TrainingJob, settings: OperatorSettings) -> list[dict[
         },
         {"name": "checkpoints", **checkpoint_volume},
         {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": settings.worker_tmp_size}},
+        {"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": cache_size}},
     ]
     shm = job.spec.worker.shm_size
     if not is_zero_size(shm):
