@@ -63,6 +63,13 @@ def test_unreadable_latest_and_corrupt_steps_fall_back_then_prune_keeps_the_rest
     assert root.own_steps() == [8, 6, 4]  # the restored step stays while this world runs
 
 
+def gloo_group() -> dist.ProcessGroup:
+    """A group of its own for the background writer (as the Session gives it)."""
+    group = dist.new_group(backend="gloo")
+    assert isinstance(group, dist.ProcessGroup)
+    return group
+
+
 HOLD_S = 60.0
 """Deadline for a held background save: a test that never releases it fails, never hangs."""
 
@@ -99,7 +106,7 @@ def test_a_save_due_while_one_is_written_waits_for_it_and_commits_after_it(
     ckpt = Checkpointer(
         root, group=None, world_version=1, keep=3, thread_count=1, after_write=after_write
     )
-    group = dist.new_group(backend="gloo")
+    group = gloo_group()
     state = {"w": torch.full((4,), 2.0)}
     ckpt.save_async(state, step=2, extra={}, group=group)
     assert ckpt.in_flight == 2 and root.latest_step() is None  # returned before the commit
@@ -135,7 +142,7 @@ def test_a_failed_background_save_raises_at_the_next_wait_and_the_last_commit_st
     ckpt = Checkpointer(
         root, group=None, world_version=1, keep=3, thread_count=1, after_write=fail_step_4
     )
-    group = dist.new_group(backend="gloo")
+    group = gloo_group()
     save(ckpt, 2)
     ckpt.save_async({"w": torch.full((4,), 4.0)}, step=4, extra={}, group=group)
     with pytest.raises(CheckpointError, match="asynchronous checkpoint save failed: disk full"):

@@ -32,6 +32,7 @@ from elastra_worker.objectstore import ObjectCheckpointRoot
 from elastra_worker.parallel_model import build_parallel, llama_recipe
 
 from .distributed import TINY, free_port, run_world
+from .test_checkpoint import gloo_group
 from .test_parallel_model import port_block
 
 
@@ -197,7 +198,7 @@ class Killed(BaseException):
 def save_in_background(ckpt: Checkpointer, step: int) -> None:
     """``save`` through the background writer: staged, written by a thread, waited for."""
     state = {"w": torch.full((64,), float(step)), "b": torch.arange(3) + step}
-    ckpt.save_async(state, step=step, extra={"plan": "dp1"}, group=dist.new_group(backend="gloo"))
+    ckpt.save_async(state, step=step, extra={"plan": "dp1"}, group=gloo_group())
     ckpt.wait()
 
 

@@ -296,6 +296,7 @@ def _train_holding_a_save(
             sess.step(opt)
             trained.append(batch.step)
         helper.join(HOLD_S)
+        newest = sess.wait_for_checkpoint()
     for step in ckpt_root.committed_steps():
         manifest = ckpt_root.check_structure(step)
         ckpt_root.check_hashes(step, list(manifest.files))
@@ -304,6 +305,7 @@ def _train_holding_a_save(
         "trained": trained,
         "committed": ckpt_root.committed_steps(),
         "latest": ckpt_root.latest_step(),
+        "newest": newest,
     }
 
 
@@ -319,4 +321,4 @@ def test_a_background_save_in_flight_completes_before_the_next_or_the_stop(
         assert got["seen"] == [(case.released_at, None)], f"rank {rank}"
         assert got["trained"] == list(case.trained), f"rank {rank}"
         assert got["committed"] == list(case.committed), f"rank {rank}"
-        assert got["latest"] == case.committed[0], f"rank {rank}"
+        assert got["latest"] == got["newest"] == case.committed[0], f"rank {rank}"

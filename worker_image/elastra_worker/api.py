@@ -1185,6 +1185,13 @@ class Session:
             )
         self._last_ckpt_time = time.monotonic()
 
+    def wait_for_checkpoint(self) -> int | None:
+        """Block until a background save in flight is committed (re-raising its error); the
+        newest committed step. Not needed before leaving: the session waits for it then."""
+        ckpt = self._require_checkpointer()
+        ckpt.wait()
+        return ckpt.last_committed_step
+
     def params_sha256(self) -> str | None:
         """sha256 over the model state dict (parameters and persistent buffers) in key order.
 
