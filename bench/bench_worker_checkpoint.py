@@ -10,7 +10,7 @@ fsynced: a checkpoint that is not on the disk is not a checkpoint. The variants:
   manifest + atomic commit + directory fsyncs.
 
 Blocking time, interleaved the same way (copy, asynchronous save, synchronous save; median of
-``BENCH_CKPT_REPEATS``, default 3):
+``BENCH_CKPT_REPEATS``, default 5):
 
 - ``in-memory copy``: every tensor of the state cloned (the floor for a save that must not see
   the training thread's later updates).
@@ -168,7 +168,7 @@ def print_blocking(mib: int, repeats: int, t: dict[str, float], how: str = "Chec
 def main() -> int:
     """Print throughput and blocking-time ratios; never pass/fail on time."""
     mib = int(os.environ.get("BENCH_CKPT_MIB", "512"))
-    repeats = int(os.environ.get("BENCH_CKPT_REPEATS", "3"))
+    repeats = int(os.environ.get("BENCH_CKPT_REPEATS", "5"))
     nbytes = mib << 20
     base = Path(os.environ.get("BENCH_DIR") or tempfile.mkdtemp(prefix="elastra-bench-ckpt-"))
     base.mkdir(parents=True, exist_ok=True)
