@@ -2,7 +2,8 @@
 
 A script that uses it survives resizes: it restores model, optimizer and data position resharded
 to whatever world it is started in, trains on this rank's share of each global batch, and
-checkpoints on an interval, on a stop request and on SIGTERM::
+checkpoints on an interval (in the background unless ``checkpoint.asynchronous`` is false), on
+a stop request and on SIGTERM (blocking until committed)::
 
     from elastra_worker import Session
 
