@@ -1,5 +1,6 @@
 """The Checkpointer in a world of one: fallback past unusable candidates, pruning after a restore,
-and the asynchronous save (one at a time, in step order, from a copy; its errors not lost).
+the asynchronous save (one at a time, in step order, from a copy; its errors not lost), and a
+save killed at each commit point, by either writer.
 
 The protocol's file-level rules are in test_layout.py; this checks that the collective code uses
 them (what rank 0 finds unusable is skipped on every rank, what was restored is never pruned).
@@ -7,6 +8,7 @@ them (what rank 0 finds unusable is skipped on every rank, what was restored is 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,3 +155,52 @@ def test_a_failed_background_save_raises_at_the_next_wait_and_the_last_commit_st
     ckpt.save_async({"w": torch.full((4,), 6.0)}, step=6, extra={}, group=group)
     result = ckpt.wait()
     assert result is not None and result.step == 6 == root.latest_step()
+
+
+class Killed(BaseException):
+    """The process dies here (nothing after this point runs)."""
+
+
+COMMIT_POINTS = {"before the manifest": 1, "before the rename into place": 2, "before latest": 3}
+"""Rank 0's commit renames three times (manifest, the step's directory, ``latest``): the save is
+killed in place of the n-th, after every shard is written and hashed."""
+
+
+@pytest.mark.parametrize("writer", ["blocking", "background"])
+@pytest.mark.parametrize("point", sorted(COMMIT_POINTS))
+def test_a_save_killed_at_a_commit_point_leaves_the_previous_checkpoint(
+    tmp_path: Path, world: None, monkeypatch: pytest.MonkeyPatch, point: str, writer: str
+) -> None:
+    root = CheckpointRoot(tmp_path, job="j")
+    save(saver(root, version=1), 2)
+    written = threading.Event()  # set once the shards of step 4 are on disk
+    renames = 0
+    real_replace = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        nonlocal renames
+        if written.is_set():
+            renames += 1
+            if renames == COMMIT_POINTS[point]:
+                raise Killed
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    ckpt = Checkpointer(root, group=None, world_version=2, keep=3, thread_count=1,
+                        after_write=lambda step: written.set())  # fmt: skip
+    state = {"w": torch.full((4,), 4.0)}
+    if writer == "blocking":
+        with pytest.raises(Killed):
+            ckpt.save(state, step=4, extra={})
+    else:  # the thread hands what ended it to the training thread at the next wait
+        ckpt.save_async(state, step=4, extra={}, group=gloo_group())
+        with pytest.raises(CheckpointError, match="asynchronous checkpoint save failed"):
+            ckpt.wait()
+    monkeypatch.undo()
+    assert renames == COMMIT_POINTS[point] and root.latest_step() == 2
+    after = saver(root, version=3)  # the next world
+    manifest = after.find_loadable()
+    assert manifest is not None and manifest.step == 2
+    assert loaded(after, 2) == [2.0] * 4
+    save(after, 4)  # and its own save of the step commits over what was left
+    assert root.latest_step() == 4 and loaded(after, 4) == [4.0] * 4
