@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,17 @@ def test_the_plan_is_written_without_what_the_reader_assumes(
     assert parse_assignment(text) == a
 
 
+def test_a_blocking_checkpoint_travels_and_the_default_is_asynchronous() -> None:
+    """``asynchronous`` is written only when false (true is what a reader assumes)."""
+    a = parse_assignment(wire())
+    assert a.checkpoint.asynchronous
+    blocking = replace(a, checkpoint=replace(a.checkpoint, asynchronous=False))
+    decoded = json.loads(blocking.to_json())
+    assert decoded["checkpoint"]["asynchronous"] is False
+    assert parse_assignment(blocking.to_json()).checkpoint.asynchronous is False
+    assert "asynchronous" not in json.loads(a.to_json())["checkpoint"]
+
+
 def test_world_size_zero_waits_without_master_fields() -> None:
     a = parse_assignment({"job": "gpt", "worldVersion": 4, "worldSize": 0})
     assert a.waiting
@@ -159,6 +171,10 @@ def test_shares_default_to_even_split() -> None:
         ({"apiVersion": "v2"}, "apiVersion"),
         ({"job": "a/b"}, "job"),
         ({"checkpoint": {"path": ""}}, "checkpoint.path"),
+        (
+            {"checkpoint": {"path": "/ckpt", "asynchronous": "no"}},
+            "checkpoint.asynchronous: expected bool",
+        ),
         # hostile inputs: bounded, and never a path outside the claim
         ({"checkpoint": {"path": "../../etc"}}, "checkpoint.path: expected an absolute path"),
         ({"checkpoint": {"path": "/ckpt/../../etc"}}, "without '..'"),

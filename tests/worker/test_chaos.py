@@ -1,5 +1,7 @@
 """Random SIGKILLs of trainers, in the middle of steps and between writing a checkpoint's shards
 and its commit, on the local launcher: nothing is lost beyond the newest committed checkpoint.
+Periodic saves are written by the background thread (the default), so most kills in saves
+strike that thread while the training thread is already in the next steps.
 
 Every trainer draws its death from (seed, world version, rank, step) (``faults.Chaos``), so a
 run's faults repeat. After the run the checks of the e2e suite judge what the workers recorded:

@@ -59,15 +59,28 @@ def test_data_mode_resize_and_crash_keep_the_sample_order(
         assert got[k]["loss"] == pytest.approx(want[k]["loss"], rel=1e-4)
 
 
+WRITERS = {"background": [], "blocking": ["--blocking-checkpoints"]}
+"""Who writes the periodic checkpoints: a background thread (the default) or the training one."""
+BACKGROUND_LINE = "writing it in the background"
+
+
+def assert_writer(run: LocalRun, writer: str) -> None:
+    assert (BACKGROUND_LINE in run.output) == (writer == "background"), run.output[-3000:]
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_sigkill_during_a_save_resumes_from_the_previous_good_one(
-    tmp_path: Path, static_run: LocalRun
+    tmp_path: Path, static_run: LocalRun, writer: str
 ) -> None:
     # rank 1 dies after writing its shards of step 9, before the commit
     run = run_local(
-        tmp_path, "3:0,2:12", extra=["--checkpoint-every", "3", "--fail-in-save", "1@9"]
+        tmp_path,
+        "3:0,2:12",
+        extra=["--checkpoint-every", "3", "--fail-in-save", "1@9", *WRITERS[writer]],
     )
     assert run.returncode == 0, run.output[-3000:]
     assert "restored step 6" in run.output
+    assert_writer(run, writer)
     assert_same_params(run, static_run)
     assert_checkpoints_intact(tmp_path / "ckpt")
 
@@ -91,10 +104,13 @@ def test_corrupted_shard_is_detected_and_skipped(tmp_path: Path, static_run: Loc
     assert_same_params(second, static_run, range(4, 8))
 
 
-def test_async_checkpoints_change_nothing(tmp_path: Path, static_run: LocalRun) -> None:
-    run = run_local(tmp_path, "2:0,3:10", extra=["--checkpoint-every", "2"],
-                    env={"ELASTRA_ASYNC_CHECKPOINT": "1"})  # fmt: skip
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_background_and_blocking_checkpoints_change_nothing(
+    tmp_path: Path, static_run: LocalRun, writer: str
+) -> None:
+    run = run_local(tmp_path, "2:0,3:10", extra=["--checkpoint-every", "2", *WRITERS[writer]])
     assert run.returncode == 0, run.output[-3000:]
+    assert_writer(run, writer)
     assert_same_params(run, static_run)
     assert_checkpoints_intact(tmp_path / "ckpt")
     assert "restored step 10" in run.output

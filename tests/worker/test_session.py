@@ -3,12 +3,17 @@
 The multi-process test trains ``session_trainer.py`` (an LR scheduler, an enabled CPU
 GradScaler, an object of its own, ``user_state``, clipping in ``before_update``, rank 0's RNG
 in the inputs, data through ``sess.loader`` with a worker process) under a 2 -> 1 -> 2 schedule
-and compares it with a static world of 2.
+and compares it with a static world of 2. A world of 2 holds its background checkpoint save
+of step 2 while the next save comes due, a resize or a SIGTERM arrives: one behaviour each.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +26,14 @@ from elastra_worker.api import Session
 from elastra_worker.assignment import assignment_from_env, parse_assignment
 from elastra_worker.dataorder import DataOrder, rank_shares
 from elastra_worker.errors import PermanentError
-from elastra_worker.launcher import free_ports
+from elastra_worker.faults import Faults
+from elastra_worker.launcher import free_port, free_ports
+from elastra_worker.layout import CheckpointRoot
 from elastra_worker.models.llama import make_batch
 from elastra_worker.parallel_model import build_parallel, llama_recipe
 from elastra_worker.sampling import RankSlice, StepLoader, StepSampler
 
-from .conftest import LocalRun, run_local
+from .conftest import LocalRun, run_local, wait_for
 from .distributed import TINY, run_world
 
 TRAINER = Path(__file__).with_name("session_trainer.py")
@@ -268,3 +275,105 @@ def test_a_micro_batch_reads_nothing_back_to_the_host(tmp_path: Path) -> None:
     results = run_world(_host_reads_per_micro_batch, 2, tmp_path, free_ports(1), timeout=120)
     assert [len(r) for r in results] == [4, 4]  # 16 sequences, micro-batches of 2, dp 2
     assert results == [[0] * 4, [0] * 4]
+
+
+HELD_STEP, HOLD_S = 2, 60.0
+_RELEASE = threading.Event()  # one per spawned rank process
+
+
+class _HoldSave(Faults):
+    """Holds the background save of ``HELD_STEP`` after its shards, before its commit."""
+
+    def in_save(self, step: int) -> None:
+        if step == HELD_STEP and not _RELEASE.wait(HOLD_S):
+            raise TimeoutError(f"the save of step {step} was never released")
+
+
+@dataclass(frozen=True)
+class DuringSave:
+    """What happens while step 2's save is held, and what must be committed at the end."""
+
+    released_at: int
+    """Steps completed when the next save came due or the world agreed to stop."""
+    trained: tuple[int, ...]
+    committed: tuple[int, ...]
+    stop_at_step: int | None = None
+    sigterm_in_step: int | None = None
+
+
+DURING_SAVE = {
+    # the save of step 4 waits for step 2's, then training goes on; 6 is the last (blocking)
+    "next save due": DuringSave(4, trained=tuple(range(6)), committed=(6, 4, 2)),
+    # a resize stops the world at step 3: step 2's save completes, then 3 is committed
+    "resize": DuringSave(3, trained=(0, 1, 2), committed=(3, 2), stop_at_step=3),
+    # SIGTERM (to rank 0 only) in step 2: the world stops at the boundary, as for a resize
+    "sigterm": DuringSave(3, trained=(0, 1, 2), committed=(3, 2), sigterm_in_step=2),
+}
+
+
+def _train_holding_a_save(
+    rank: int, world: int, root: Path, port: int, case: DuringSave
+) -> dict[str, Any]:
+    """Train a tiny model with a checkpoint every 2 steps; release the held save of step 2 only
+    once the next save is due or the world agreed to stop. What the rank saw and trained."""
+    dist.destroy_process_group()  # the Session forms its own world, as in a pod
+    a = parse_assignment({
+        "job": "hold", "worldVersion": 1, "rank": rank, "worldSize": world,
+        "masterAddr": "127.0.0.1", "masterPort": port, "plan": {"microBatchSize": 2},
+        "globalBatchSize": 8, "consistency": "data", "stopAtStep": case.stop_at_step,
+        "checkpoint": {"path": str(root), "intervalSeconds": 0, "intervalSteps": 2, "keep": 3},
+    })  # fmt: skip
+    sess = Session(a, faults=_HoldSave(), rendezvous_timeout_s=60, collective_timeout_s=60,
+                   device=torch.device("cpu"))  # fmt: skip
+    ckpt_root = CheckpointRoot(root, job="hold")
+    seen: list[tuple[int, int | None]] = []
+
+    def release() -> None:
+        wait_for(lambda: sess.step_count >= 4 or sess.stopping, HOLD_S, "the next save")
+        seen.append((sess.step_count, ckpt_root.latest_step()))
+        _RELEASE.set()
+
+    trained: list[int] = []
+    with sess:
+        torch.manual_seed(0)
+        model = sess.prepare(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sess.restore(model, opt)
+        helper = threading.Thread(target=release, daemon=True)
+        helper.start()
+        for batch in sess.batches(dataset_size=64, total_steps=6):
+            if batch.step == case.sigterm_in_step and rank == 0:
+                os.kill(os.getpid(), signal.SIGTERM)
+            for micro in batch:
+                with micro.sync(model):
+                    x = torch.tensor(micro.samples, dtype=torch.float32).reshape(-1, 1) / 64
+                    micro.backward(model(x.repeat(1, 4)).pow(2).mean())
+            sess.step(opt)
+            trained.append(batch.step)
+        helper.join(HOLD_S)
+        newest = sess.wait_for_checkpoint()
+    for step in ckpt_root.committed_steps():
+        manifest = ckpt_root.check_structure(step)
+        ckpt_root.check_hashes(step, list(manifest.files))
+    return {
+        "seen": seen,
+        "trained": trained,
+        "committed": ckpt_root.committed_steps(),
+        "latest": ckpt_root.latest_step(),
+        "newest": newest,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(DURING_SAVE))
+def test_a_background_save_in_flight_completes_before_the_next_or_the_stop(
+    tmp_path: Path, name: str
+) -> None:
+    case = DURING_SAVE[name]
+    results = run_world(_train_holding_a_save, 2, tmp_path, free_port(), case, timeout=180)
+    for rank, got in enumerate(results):
+        # training went on to the next save (or the stop) while step 2 was not yet committed
+        assert got["seen"] == [(case.released_at, None)], f"rank {rank}"
+        assert got["trained"] == list(case.trained), f"rank {rank}"
+        assert got["committed"] == list(case.committed), f"rank {rank}"
+        assert got["latest"] == got["newest"] == case.committed[0], f"rank {rank}"

@@ -8,6 +8,7 @@ stops at a step boundary, checkpoints, and restores resharded into the new layou
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,9 +31,12 @@ MODEL = {
 }
 
 
-def train(tmp: Path, schedule: str, model: Path) -> LocalRun:
+def train(
+    tmp: Path, schedule: str, model: Path, *, steps: int = STEPS, extra: tuple[str, ...] = ()
+) -> LocalRun:
     trainer = ("-m", "elastra_worker.train", "--model", str(model), "--dataset-size", "4096")
-    run = run_local(tmp, schedule, consistency="data", steps=STEPS, trainer=trainer, timeout=600)
+    run = run_local(tmp, schedule, consistency="data", steps=steps, trainer=trainer,
+                    timeout=600, extra=extra)  # fmt: skip
     assert run.returncode == 0, run.output[-4000:]
     return run
 
@@ -51,6 +55,27 @@ def test_five_plans_train_the_static_runs_steps_samples_and_losses(tmp_path: Pat
         assert record["samples"] == want["samples"], f"step {step}: other samples"
         assert record["loss"] == pytest.approx(want["loss"], rel=0.02), f"step {step}"
     assert static[STEPS - 1]["loss"] < static[0]["loss"], "the model learns"
+
+
+@pytest.mark.timeout(600)
+def test_a_sharded_tensor_parallel_state_saved_in_the_background_is_restored(
+    tmp_path: Path,
+) -> None:
+    """ZeRO-3 x tensor parallel (DTensors): the periodic saves of steps 2 and 4 are written by
+    the background thread while training goes on; rank 1 dies in step 5, and the next world
+    restores the newest of them committed by then (4, or 2 if 4's commit was not through) and
+    trains the same losses as a run without the kill."""
+    model = tmp_path / "model.yaml"
+    model.write_text(yaml.safe_dump(MODEL))
+    plan, every = "4:0:tp=2/sharding=full", ("--checkpoint-every", "2")
+    static = train(tmp_path / "static", plan, model, steps=8, extra=every).by_step()
+    killed = train(tmp_path / "killed", plan, model, steps=8, extra=(*every, "--fail", "1@5"))
+    assert "staged step 4" in killed.output and "writing it in the background" in killed.output
+    restored = re.findall(r"restored step (\d+)", killed.output)
+    assert restored and set(restored) <= {"2", "4"}, killed.output[-4000:]
+    assert [r["step"] for r in killed.records] == list(range(8)), "each step once"
+    for step, record in killed.by_step().items():
+        assert record["loss"] == pytest.approx(static[step]["loss"], rel=1e-5), f"step {step}"
 
 
 @pytest.mark.parametrize(

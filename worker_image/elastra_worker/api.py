@@ -2,7 +2,8 @@
 
 A script that uses it survives resizes: it restores model, optimizer and data position resharded
 to whatever world it is started in, trains on this rank's share of each global batch, and
-checkpoints on an interval, on a stop request and on SIGTERM::
+checkpoints on an interval (in the background unless ``checkpoint.asynchronous`` is false), on
+a stop request and on SIGTERM (blocking until committed)::
 
     from elastra_worker import Session
 
@@ -115,6 +116,8 @@ log = logging.getLogger(__name__)
 
 ASSIGNMENT_JSON_ENV = "ELASTRA_ASSIGNMENT_JSON"
 STEP_LOG_ENV = "ELASTRA_STEP_LOG"
+WAITED_WARN_S = 1.0
+"""A periodic save that waited this long for the previous background save says so (warning)."""
 
 
 Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer]
@@ -237,7 +240,7 @@ class Session:
         control: ControlDir | None = None,
         step_log: Path | None = None,
         faults: Faults | None = None,
-        async_checkpoint: bool = False,
+        async_checkpoint: bool | None = None,
         rendezvous_timeout_s: float = 300.0,
         collective_timeout_s: float = 600.0,
         device: torch.device | None = None,
@@ -269,7 +272,12 @@ class Session:
         self.control = control
         self.step_log = step_log
         self.faults = faults or Faults()
-        self.async_checkpoint = async_checkpoint
+        self.async_checkpoint = (
+            assignment.checkpoint.asynchronous if async_checkpoint is None else async_checkpoint
+        )
+        """Periodic saves staged to host memory and written in the background (default: the
+        job's ``checkpoint.asynchronous``); the save before a stop always blocks until committed.
+        """
         self._rdzv_timeout = rendezvous_timeout_s
         self._coll_timeout = collective_timeout_s
         self.stall_watch = stall_watch or StallWatch()
@@ -331,7 +339,6 @@ class Session:
         assignment = parse_assignment(raw) if raw else assignment_from_env(env)
         control = ControlDir(env[CONTROL_DIR_ENV]) if env.get(CONTROL_DIR_ENV) else None
         step_log = Path(env[STEP_LOG_ENV]) if env.get(STEP_LOG_ENV) else None
-        kwargs.setdefault("async_checkpoint", env.get("ELASTRA_ASYNC_CHECKPOINT") == "1")
         if env.get("ELASTRA_RENDEZVOUS_TIMEOUT"):
             kwargs.setdefault("rendezvous_timeout_s", float(env["ELASTRA_RENDEZVOUS_TIMEOUT"]))
         if env.get("ELASTRA_COLLECTIVE_TIMEOUT"):
@@ -1194,9 +1201,24 @@ class Session:
         return self._stop_agreed
 
     def save_checkpoint(self, *, wait: bool = True) -> None:
-        """Checkpoint the current step now (collective); a no-op if it is already committed."""
+        """Checkpoint the current step now (collective); a no-op if it is already committed.
+
+        ``wait=False`` (a periodic save) under ``async_checkpoint`` returns once the state is
+        copied to host memory and leaves writing and committing to a background thread. Either
+        way a save still in flight is finished first: one save at a time, in step order.
+        """
         ckpt = self._require_checkpointer()
-        ckpt.wait()
+        t0 = time.perf_counter()
+        previous = ckpt.wait()
+        waited = time.perf_counter() - t0
+        if previous is not None and waited > WAITED_WARN_S:
+            log.warning(
+                "rank %d waited %.2fs for the background save of step %d: checkpoints are due "
+                "faster than the storage writes them (raise checkpoint.intervalSeconds)",
+                self.rank,
+                waited,
+                previous.step,
+            )
         if ckpt.last_committed_step == self._step:
             return
         if not self._parts or not self._optimizers:
@@ -1216,7 +1238,14 @@ class Session:
         }
         state["data"] = {"step": self._step}
         if not wait and self.async_checkpoint and self._async_group is not None:
+            t1 = time.perf_counter()
             ckpt.save_async(state, step=self._step, extra=extra, group=self._async_group)
+            log.info(
+                "rank %d staged step %d in %.2fs; writing it in the background",
+                self.rank,
+                self._step,
+                time.perf_counter() - t1,
+            )
         else:
             result = ckpt.save(state, step=self._step, extra=extra)
             log.info(
@@ -1227,6 +1256,13 @@ class Session:
                 result.seconds,
             )
         self._last_ckpt_time = time.monotonic()
+
+    def wait_for_checkpoint(self) -> int | None:
+        """Block until a background save in flight is committed (re-raising its error); the
+        newest committed step. Not needed before leaving: the session waits for it then."""
+        ckpt = self._require_checkpointer()
+        ckpt.wait()
+        return ckpt.last_committed_step
 
     def params_sha256(self) -> str | None:
         """sha256 over the model state dict (parameters and persistent buffers) in key order.

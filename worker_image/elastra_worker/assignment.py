@@ -14,7 +14,7 @@ Format (``elastra.dev/v1alpha1``, kind ``Assignment``)::
      "plan": {"dp": 4, "tp": 1, "pp": 1, "microBatchSize": 2, "batchShares": [8, 8, 8, 8]},
      "globalBatchSize": 32, "consistency": "none", "seed": 0,
      "checkpoint": {"path": "/ckpt", "intervalSeconds": 300, "keep": 3, "intervalSteps": 0,
-                    "uri": "s3://bucket/prefix"},
+                    "uri": "s3://bucket/prefix", "asynchronous": true},
      "stopAtStep": null, "stop": false, "precision": "bf16", "gpus": 1}
 
 ``rank`` and ``worldSize`` count trainer processes (pods x ``localWorldSize``); ``rank`` is the
@@ -24,7 +24,9 @@ no world and waits. ``stop: true`` asks the pod to checkpoint and exit 0 (suspen
 to the first draft of the contract: a step-based checkpoint interval, and a step at which the
 world stops on its own (checkpoint, exit 0) so a planned resize lands on an exact step.
 ``checkpoint.uri`` (optional, absent when unset) puts the checkpoints in an object store
-instead of ``path``. The operator leaves out the ``plan`` and ``checkpoint`` fields that hold
+instead of ``path``. ``checkpoint.asynchronous`` (default true) writes periodic checkpoints in
+the background after copying the state to host memory; false blocks training for the whole
+save (``checkpoint.py``). The operator leaves out the ``plan`` and ``checkpoint`` fields that hold
 the value a reader assumes when they are absent (``tp: 1``, ``keep: 3``, ...: see
 ``_PLAN_DEFAULTS``); the top-level fields are always written.
 
@@ -169,6 +171,9 @@ class CheckpointPolicy:
     keep: int = 3
     interval_steps: int = 0
     uri: str = ""
+    asynchronous: bool = True
+    """Periodic saves copy the state to host memory and are written by a background thread
+    (``Checkpointer.save_async``); false: the whole save blocks training."""
 
 
 @dataclass(frozen=True)
@@ -253,7 +258,9 @@ _PLAN_DEFAULTS: dict[str, Any] = {
 }  # fmt: skip
 """What ``_parse_plan`` reads for an absent plan field (``dp`` follows ``worldSize``: kept)."""
 
-_CHECKPOINT_DEFAULTS: dict[str, Any] = {"intervalSeconds": 300, "keep": 3, "intervalSteps": 0}
+_CHECKPOINT_DEFAULTS: dict[str, Any] = {
+    "intervalSeconds": 300, "keep": 3, "intervalSteps": 0, "asynchronous": True,
+}  # fmt: skip
 """What ``parse_assignment`` reads for an absent ``checkpoint`` field."""
 
 
@@ -271,6 +278,7 @@ def to_wire(a: Assignment) -> dict[str, Any]:
         "intervalSeconds": a.checkpoint.interval_seconds,
         "keep": a.checkpoint.keep,
         "intervalSteps": a.checkpoint.interval_steps,
+        "asynchronous": a.checkpoint.asynchronous,
         **({"uri": a.checkpoint.uri} if a.checkpoint.uri else {}),
     }
     return {
@@ -564,6 +572,9 @@ def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
         keep=_defaulted(ckpt_raw, "keep", _CHECKPOINT),
         interval_steps=_defaulted(ckpt_raw, "intervalSteps", _CHECKPOINT, check=_nonneg),
         uri=_checkpoint_uri(ckpt_raw),
+        asynchronous=_get(
+            ckpt_raw, "asynchronous", bool, "checkpoint.", _CHECKPOINT_DEFAULTS["asynchronous"]
+        ),
     )
     global_batch = _get(data, "globalBatchSize", int, "", 0)
     stop_at = _get(data, "stopAtStep", int, "", None)

@@ -17,6 +17,14 @@ local staging copy, and a loading rank reads only the byte ranges it needs).
 All coordination goes through a gloo process group passed in (``group``), so the same code runs
 for CPU (gloo) and GPU (nccl) training, and an asynchronous save can run in a background thread
 on its own group while training continues on the default one.
+
+The asynchronous save (``save_async``) blocks only while the state is copied to host memory;
+the copy is then written, hashed and committed by the same ``_save`` as a blocking one, so the
+commit protocol, the manifest and the fallback on load are the same. At most one save is in
+flight: the next save (periodic or the last one before a stop) first waits for it, so commits
+happen in step order, host memory holds at most one staged copy, and a stop's checkpoint is the
+newest committed one when the trainer exits. A background save that fails raises its error in
+the training thread at that next wait, as a blocking save would have raised it at once.
 """
 
 from __future__ import annotations
@@ -210,6 +218,7 @@ class Checkpointer:
         self._async: threading.Thread | None = None
         self._async_error: BaseException | None = None
         self._async_result: SaveResult | None = None
+        self._async_step = 0
         self.last_committed_step: int | None = root.latest_step()
         # Steps this world verified (restored or saved): pruning keeps these, not step numbers.
         self.restored_step: int | None = None
@@ -236,12 +245,27 @@ class Checkpointer:
 
         def run() -> None:
             try:
-                self._async_result = self._save(staged, step=step, extra=extra, group=group)
+                result = self._save(staged, step=step, extra=extra, group=group)
             except BaseException as err:  # handed to the training thread by wait()
                 self._async_error = err
+                return
+            self._async_result = result
+            log.info(
+                "rank %d committed step %d in the background (%.1f MB in %.2fs)",
+                dist.get_rank(group),
+                result.step,
+                result.bytes / 1e6,
+                result.seconds,
+            )
 
+        self._async_step = step
         self._async = threading.Thread(target=run, name=f"elastra-ckpt-{step}", daemon=True)
         self._async.start()
+
+    @property
+    def in_flight(self) -> int | None:
+        """The step of the asynchronous save not yet waited for (running or done), or None."""
+        return None if self._async is None else self._async_step
 
     def wait(self) -> SaveResult | None:
         """Wait for an asynchronous save in flight; re-raise its error in this thread."""

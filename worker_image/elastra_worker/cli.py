@@ -103,6 +103,7 @@ def _local(args: argparse.Namespace, command: list[str]) -> int:
         micro_batch_size=args.micro_batch_size,
         seed=args.seed,
         checkpoint_every=args.checkpoint_every,
+        checkpoint_async=not args.blocking_checkpoints,
         fail=parse_fault(args.fail),
         fail_in_save=parse_fault(args.fail_in_save),
         chaos=args.chaos,
@@ -206,6 +207,12 @@ def _add_local(loc: argparse.ArgumentParser) -> None:
     loc.add_argument("--seed", type=int, default=0)
     loc.add_argument(
         "--checkpoint-every", type=int, default=0, help="also checkpoint every N steps"
+    )
+    loc.add_argument(
+        "--blocking-checkpoints",
+        action="store_true",
+        help="every save blocks training until committed (a TrainingJob's checkpoint."
+        "asynchronous: false); default: periodic saves are written in the background",
     )
     loc.add_argument(
         "--world-timeout",

@@ -122,6 +122,8 @@ class LocalJob:
     micro_batch_size: int = 2
     seed: int = 0
     checkpoint_every: int = 0
+    checkpoint_async: bool = True
+    """Periodic saves in the background (a TrainingJob's ``checkpoint.asynchronous``)."""
     fail: tuple[int, int] | None = None
     fail_in_save: tuple[int, int] | None = None
     chaos: str | None = None
@@ -239,6 +241,7 @@ class LocalLauncher:
                         "intervalSeconds": 0,
                         "keep": 3,
                         "intervalSteps": j.checkpoint_every,
+                        "asynchronous": j.checkpoint_async,
                     },
                     "stopAtStep": seg.stop_at_step,
                     "stop": False,

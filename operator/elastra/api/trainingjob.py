@@ -422,6 +422,17 @@ class CheckpointSpec(ApiModel):
         description="Seconds between periodic checkpoints (a resize also checkpoints first).",
     )
     keep: int = Field(default=3, ge=1, le=100, description="Committed checkpoints kept.")
+    asynchronous: bool = Field(
+        default=True,
+        description=(
+            "Write periodic checkpoints in the background: training stops only while the state "
+            "is copied to host memory (about one copy of the worker's model and optimizer "
+            "state), then a thread writes and commits it. A checkpoint due while the previous "
+            "one is still being written waits for it. The checkpoint before a resize, a stop "
+            "or SIGTERM is always complete and committed before the worker exits. Set false "
+            "where host memory cannot hold that copy, or to block training for every save."
+        ),
+    )
 
     RULES: ClassVar[tuple[Rule, ...]] = (
         Rule(

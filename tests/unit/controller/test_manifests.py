@@ -31,7 +31,7 @@ from elastra.errors import UserError
 from elastra.planner.eligibility import WorkerConstraints, as_built_for
 from elastra.planner.inventory import parse_inventory
 from elastra.planner.scheduling import NodeFacts, PodConstraints, PodToleration, Taint, refusal
-from elastra_worker.assignment import ParallelPlan
+from elastra_worker.assignment import ParallelPlan, parse_assignment
 from tests.cases.specs import DELETE, FULL_TEMPLATE, TEMPLATE, apply_edits, base_manifest
 from tests.unit.planner.nodes import node as planner_node
 from tests.unit.planner.nodes import node_list
@@ -351,6 +351,22 @@ def test_the_assignment_carries_the_precision_and_the_pods_gpus(
     for spec in (rank, None):  # in a world, and waiting
         wire = json.loads(assignment_json(job, version=1, rank=spec, stop=False, settings=SETTINGS))
         assert (wire["precision"], wire["gpus"]) == (precision, gpus)
+
+
+@pytest.mark.parametrize(("edits", "asynchronous"), [
+    ({}, True),  # the default: periodic checkpoints written in the background
+    ({"spec.checkpoint.asynchronous": False}, False),
+])  # fmt: skip
+def test_the_checkpoints_asynchronous_field_reaches_the_worker(
+    edits: dict[str, Any], asynchronous: bool
+) -> None:
+    job = parse_trainingjob(apply_edits(base_manifest("gpt"), edits))
+    local = job.spec.worker.ranks_per_pod
+    rank = RankSpec(
+        rank=0, world_size=local, master_addr="gpt-w0.gpt", plan=ParallelPlan(dp=1, tp=local)
+    )
+    text = assignment_json(job, version=1, rank=rank, stop=False, settings=SETTINGS)
+    assert parse_assignment(text).checkpoint.asynchronous is asynchronous
 
 
 @pytest.mark.parametrize(

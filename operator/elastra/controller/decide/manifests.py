@@ -154,6 +154,7 @@ def assignment_json(
         interval_seconds=spec.checkpoint.interval_seconds,
         keep=spec.checkpoint.keep,
         uri=spec.checkpoint.uri or "",
+        asynchronous=spec.checkpoint.asynchronous,
     )
     if rank is None:
         rank = RankSpec(rank=0, world_size=0, master_addr="", plan=ParallelPlan(dp=1))
