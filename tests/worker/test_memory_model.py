@@ -8,7 +8,7 @@ before the optimizer update and of its optimizer state after it; each of the thr
 sum is within 10% of the planner's per-GPU prediction (``perfmodel.memory_breakdown``) for the
 same model shape and layout. The most that autograd holds for backward at once (sampled with
 ``saved_tensors_hooks``: activations, and the weight copies made for compute) is printed beside
-the model's activations and gathered weights, not asserted; the table is also written to
+the model's activations and weight copies, not asserted; the table is also written to
 ``memory.json``.
 """
 
@@ -228,7 +228,7 @@ def _table(rows: list[Row]) -> str:
     for r in rows:
         p, m = r.predicted, r.measured
         cells = [_cell(p[k], m[k]) for k in STATES]
-        copies = _cell(p["gathered"], m["saved_weights"])
+        copies = _cell(p["weight_copies"], m["saved_weights"])
         saved = _cell(p["activations"] + p["logits"], m["saved_activations"])
         lines.append(f"{r.plan:22} {r.precision:4} {r.rank:>4} {' '.join(cells)} "
                      f"{r.error('states'):>+6.1%} {copies} {saved}")  # fmt: skip

@@ -29,7 +29,9 @@ parallelism when tp > 1): at every precision the parameters (the master weights)
 bytes/param, their gradients 4 and Adam's moments 8; bf16 and fp16 compute on copies.
 ``optimizer`` and ``full`` sharding both hold a 1/dp shard of all three; ``optimizer`` keeps
 the stage's weights gathered in the compute precision from forward to backward (2 bytes/param
-in bf16, 4 in fp32), ``full`` only the layer being computed and the one prefetched.
+in bf16, 4 in fp32), ``full`` only the layer being computed and the one prefetched; unsharded,
+bf16 and fp16 autocast keeps its casts of the weights for backward (2 bytes/param, none under
+full recomputation).
 ``tests/worker/test_memory_model.py`` checks parameters, gradients and optimizer state per rank
 against the tensors of real runs. Activations per layer and micro-batch are
 ``s·b·h·(18 + c·f/h + 5·a·s/h)/tp`` bytes (``c`` = 4, or 6 when gated: 34 + 5as/h for a
@@ -309,7 +311,7 @@ def state_bytes(sharding: Sharding, dp: int) -> StateBytes:
     """Weights, gradients and optimizer state per parameter held by one GPU (module docstring).
 
     The same at every precision: the parameters (the master weights) are fp32, bf16 and fp16
-    compute on copies (autocast's casts, FSDP's gathered weights: ``gathered_bytes``); their
+    compute on copies (autocast's casts, FSDP's gathered weights: ``weight_copy_bytes``); their
     gradients are fp32 and so are Adam's two moments. ``optimizer`` and ``full`` sharding both
     keep a 1/dp shard of all three (FSDP2); they differ in what they gather for compute.
     """
@@ -319,19 +321,25 @@ def state_bytes(sharding: Sharding, dp: int) -> StateBytes:
     return StateBytes(state.parameters / dp, state.gradients / dp, state.optimizer / dp)
 
 
-def gathered_bytes(model: ModelShape, layout: Layout) -> float:
-    """Weights sharding gathers for compute, in the compute precision, held at the peak.
+def weight_copy_bytes(model: ModelShape, layout: Layout) -> float:
+    """Copies of the weights in the compute precision that one GPU holds at its peak.
 
-    ``optimizer`` keeps every block's gathered weights from its forward to its backward (the
-    whole stage, FSDP2 without resharding after forward); ``full`` holds the layer being
-    computed and the one prefetched.
+    Unsharded, bf16 and fp16 autocast casts every weight once per forward and keeps the casts
+    for backward (the whole stage, the embedding counted too; under ``full`` recomputation
+    only the layer being recomputed, which the working set already stands for). ``optimizer``
+    sharding keeps every block's gathered weights from its forward to its backward (the whole
+    stage, FSDP2 without resharding after forward); ``full`` holds the layer being computed
+    and the one prefetched.
     """
     element = activation_bytes(layout.precision)
+    stage = stage_params(model, layout.pp) / layout.tp
     if layout.sharding == "optimizer":
-        return stage_params(model, layout.pp) / layout.tp * element
+        return stage * element
     if layout.sharding == "full":
         return 2.0 * layer_params(model) / layout.tp * element
-    return 0.0
+    if layout.precision == "fp32" or layout.recompute == "full":
+        return 0.0
+    return stage * element
 
 
 @dataclass(frozen=True)
@@ -339,16 +347,16 @@ class MemoryBreakdown:
     """Bytes the heaviest GPU of a layout holds at its peak, by what holds them.
 
     ``parameters``, ``gradients`` and ``optimizer`` live through the whole step (this GPU's
-    shard of them); ``gathered`` is what sharding gathers for compute (the weights of the layer
-    being computed and of the one prefetched, under ``full``); ``activations`` are what the
-    layers keep for backward for the micro-batches in flight, ``logits`` the last stage's fp32
-    logits of one micro-batch.
+    shard of them); ``weight_copies`` are the weights in the compute precision (gathered by
+    sharding, cast by autocast: ``weight_copy_bytes``); ``activations`` are what the layers
+    keep for backward for the micro-batches in flight, ``logits`` the last stage's fp32 logits
+    of one micro-batch.
     """
 
     parameters: float
     gradients: float
     optimizer: float
-    gathered: float
+    weight_copies: float
     activations: float
     logits: float
 
@@ -360,7 +368,7 @@ class MemoryBreakdown:
     @property
     def total(self) -> float:
         """Everything: the peak the search compares with a GPU's usable memory."""
-        return self.states + self.gathered + self.activations + self.logits
+        return self.states + self.weight_copies + self.activations + self.logits
 
 
 def activation_bytes_per_gpu(model: ModelShape, layout: Layout, *, in_flight: float) -> float:
@@ -391,7 +399,7 @@ def memory_breakdown(
         parameters=params * state.parameters,
         gradients=params * state.gradients,
         optimizer=params * state.optimizer,
-        gathered=gathered_bytes(model, layout),
+        weight_copies=weight_copy_bytes(model, layout),
         activations=activation_bytes_per_gpu(model, layout, in_flight=in_flight),
         logits=4.0 * s * micro_batch * model.vocab_size / layout.tp,
     )
