@@ -90,9 +90,10 @@ class _Saved:
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int]:
-    """A tensor's storage: its address and size in bytes."""
+    """A tensor's storage: an identity that survives FSDP's resizing, and its size in bytes."""
     try:
-        return t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+        storage = t.untyped_storage()
+        return storage._cdata, storage.nbytes()
     except RuntimeError:  # a wrapper without storage (an async collective's result)
         return id(t), t.numel() * t.element_size()
 
