@@ -7,9 +7,9 @@ sums the bytes of its parameters and gradients (its local shards, for DTensor an
 before the optimizer update and of its optimizer state after it; each of the three and their
 sum is within 10% of the planner's per-GPU prediction (``perfmodel.memory_breakdown``) for the
 same model shape and layout. The most that autograd holds for backward at once (sampled with
-``saved_tensors_hooks``: activations, and the weight copies made for compute) is printed beside
-the model's activations and weight copies, not asserted; the table is also written to
-``memory.json``.
+``saved_tensors_hooks``: activations, the weight copies made for compute, and the gradients
+during backward, unsharded ones included) is printed beside the model's figures, not asserted;
+the table is also written to ``memory.json``.
 """
 
 from __future__ import annotations
@@ -99,24 +99,37 @@ def _storage(t: torch.Tensor) -> tuple[int, int]:
 
 
 class SavedForBackward:
-    """The most bytes autograd holds for backward at once: activations, and weight copies.
+    """The most bytes autograd holds for backward at once: activations, weight copies, and
+    gradients (which backward fills, FSDP's unsharded ones included).
 
-    Sampled at every tensor saved, by storage: the rank's own parameters are left out (they
-    are counted as parameters), copies of weights made for compute (FSDP's gathered
-    parameters, autocast's casts) are counted apart from activations. Tensors are held weakly,
-    so what backward frees stops counting, as on a GPU.
+    Sampled whenever a tensor is saved (forward) or used (backward). Saved tensors are taken
+    by storage: the rank's own parameters are left out (they are counted as parameters),
+    copies of weights made for compute (FSDP's gathered parameters, autocast's casts) are
+    counted apart from activations. Tensors are held weakly, so what backward frees stops
+    counting, as on a GPU.
     """
 
     def __init__(self, parts: list[nn.Module]) -> None:
         self.parts = parts
+        self.params = [p for part in parts for p in part.parameters()]
         self.own = self._storages()
         self.live: dict[int, _Saved] = {}
-        self.peak = {"activations": 0, "weights": 0}
+        self.peak = {"activations": 0, "weights": 0, "gradients": 0}
+
+    def _current(self) -> list[nn.Parameter]:
+        """The modules' parameters now (FSDP swaps gathered ones in for compute)."""
+        return [p for part in self.parts for p in part.parameters()]
 
     def _storages(self) -> set[int]:
-        """The storages of the modules' parameters now (FSDP swaps in gathered ones)."""
-        params = (p for part in self.parts for p in part.parameters())
-        return {_storage(_local(p))[0] for p in params}
+        return {_storage(_local(p))[0] for p in self._current()}
+
+    def _sample(self) -> None:
+        for kind in ("activations", "weights"):
+            now = sum(s.nbytes() for s in self.live.values() if s.kind == kind)
+            self.peak[kind] = max(self.peak[kind], now)
+        grads = (p.grad for p in (*self.params, *self._current()) if p.grad is not None)
+        held = dict(_storage(_local(g)) for g in grads)
+        self.peak["gradients"] = max(self.peak["gradients"], sum(held.values()))
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -126,13 +139,12 @@ class SavedForBackward:
             if ptr not in self.own and (known is None or known.tensor() is None):
                 weight = ptr in self._storages() or _is_cast_of_leaf(local) or _is_cast_of_leaf(t)
                 self.live[ptr] = _Saved("weights" if weight else "activations", weakref.ref(t))
-            for kind in self.peak:
-                now = sum(s.nbytes() for s in self.live.values() if s.kind == kind)
-                self.peak[kind] = max(self.peak[kind], now)
+            self._sample()
         return t
 
-    @staticmethod
-    def unpack(t: torch.Tensor) -> torch.Tensor:
+    def unpack(self, t: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self._sample()
         return t
 
 
@@ -196,6 +208,7 @@ def _measure(rank: int, world: int, case: Case) -> dict[str, int]:
         held["optimizer"] = _nbytes(v for v in states if isinstance(v, torch.Tensor))
         held["saved_activations"] = saved.peak["activations"]
         held["saved_weights"] = saved.peak["weights"]
+        held["gradients_at_once"] = saved.peak["gradients"]
     return held
 
 
@@ -224,15 +237,16 @@ def _table(rows: list[Row]) -> str:
     """One line per rank: predicted/measured bytes of each part."""
     head = (f"{'plan':22} {'prec':4} {'rank':>4} {'parameters':>15} {'gradients':>15} "
             f"{'optimizer':>15} {'error':>6} {'weight copies':>15} "
-            f"{'saved at once':>15}")  # fmt: skip
+            f"{'grads at once':>15} {'saved at once':>15}")  # fmt: skip
     lines = [head]
     for r in rows:
         p, m = r.predicted, r.measured
         cells = [_cell(p[k], m[k]) for k in STATES]
         copies = _cell(p["weight_copies"], m["saved_weights"])
+        grads = _cell(p["gradients"] + p["unsharded_gradients"], m["gradients_at_once"])
         saved = _cell(p["activations"] + p["logits"], m["saved_activations"])
         lines.append(f"{r.plan:22} {r.precision:4} {r.rank:>4} {' '.join(cells)} "
-                     f"{r.error('states'):>+6.1%} {copies} {saved}")  # fmt: skip
+                     f"{r.error('states'):>+6.1%} {copies} {grads} {saved}")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -342,13 +342,28 @@ def weight_copy_bytes(model: ModelShape, layout: Layout) -> float:
     return stage * element
 
 
+def unsharded_gradient_bytes(model: ModelShape, layout: Layout, *, dp: int) -> float:
+    """A pipelined, sharded stage's gradients, whole and fp32, held through its backwards.
+
+    PyTorch's pipeline stage defers an FSDP module's reduce-scatter to the step's last
+    backward (``set_requires_gradient_sync(False)`` before), so the stage accumulates
+    unsharded gradients until then; over one data-parallel rank nothing is sharded to begin
+    with.
+    """
+    if layout.pp == 1 or layout.sharding == "none" or dp == 1:
+        return 0.0
+    return stage_params(model, layout.pp) / layout.tp * 4.0
+
+
 @dataclass(frozen=True)
 class MemoryBreakdown:
     """Bytes the heaviest GPU of a layout holds at its peak, by what holds them.
 
     ``parameters``, ``gradients`` and ``optimizer`` live through the whole step (this GPU's
     shard of them); ``weight_copies`` are the weights in the compute precision (gathered by
-    sharding, cast by autocast: ``weight_copy_bytes``); ``activations`` are what the layers
+    sharding, cast by autocast: ``weight_copy_bytes``); ``unsharded_gradients`` what a pipelined
+    sharded stage accumulates before reducing (``unsharded_gradient_bytes``); ``activations``
+    are what the layers
     keep for backward for the micro-batches in flight, ``logits`` the last stage's fp32 logits
     of one micro-batch.
     """
@@ -357,6 +372,7 @@ class MemoryBreakdown:
     gradients: float
     optimizer: float
     weight_copies: float
+    unsharded_gradients: float
     activations: float
     logits: float
 
@@ -368,7 +384,8 @@ class MemoryBreakdown:
     @property
     def total(self) -> float:
         """Everything: the peak the search compares with a GPU's usable memory."""
-        return self.states + self.weight_copies + self.activations + self.logits
+        held = self.states + self.weight_copies + self.unsharded_gradients
+        return held + self.activations + self.logits
 
 
 def activation_bytes_per_gpu(model: ModelShape, layout: Layout, *, in_flight: float) -> float:
@@ -400,6 +417,7 @@ def memory_breakdown(
         gradients=params * state.gradients,
         optimizer=params * state.optimizer,
         weight_copies=weight_copy_bytes(model, layout),
+        unsharded_gradients=unsharded_gradient_bytes(model, layout, dp=dp),
         activations=activation_bytes_per_gpu(model, layout, in_flight=in_flight),
         logits=4.0 * s * micro_batch * model.vocab_size / layout.tp,
     )
