@@ -31,7 +31,8 @@ bytes/param, their gradients 4 and Adam's moments 8; bf16 and fp16 compute on co
 the stage's weights gathered in the compute precision from forward to backward (2 bytes/param
 in bf16, 4 in fp32), ``full`` only the layer being computed and the one prefetched; unsharded,
 bf16 and fp16 autocast keeps its casts of the weights for backward (2 bytes/param, none under
-full recomputation).
+full recomputation). A pipelined sharded stage (dp > 1) also accumulates its gradients whole,
+in fp32, until the step's last backward (PyTorch's pipeline stage defers FSDP's reduction).
 ``tests/worker/test_memory_model.py`` checks parameters, gradients and optimizer state per rank
 against the tensors of real runs. Activations per layer and micro-batch are
 ``s·b·h·(18 + c·f/h + 5·a·s/h)/tp`` bytes (``c`` = 4, or 6 when gated: 34 + 5as/h for a
