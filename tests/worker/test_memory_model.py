@@ -30,24 +30,24 @@ from torch.distributed.tensor import DTensor
 from elastra.planner.job import ModelShape
 from elastra.planner.perfmodel import Layout, in_flight, memory_breakdown, stage_layers
 from elastra_worker.api import Session
-from elastra_worker.assignment import parse_assignment
+from elastra_worker.assignment import ParallelPlan, parse_assignment, plan_to_wire
 from elastra_worker.models.llama import make_batch
 from elastra_worker.parallel_model import build_parallel, llama_recipe
+from elastra_worker.schedule import parse_schedule, plan_for
 from tests.worker.distributed import TINY, run_world
 from tests.worker.test_parallel_model import port_block
+from tests.worker.test_precision import MATRIX, STEPS
 
 TOLERANCE = 0.10
 STATES = ("parameters", "gradients", "optimizer")
 WORLD = 4
 GLOBAL_BATCH = 8
 MICRO_BATCH = 2
-PLANS: dict[str, dict[str, Any]] = {  # the plans of test_precision.MATRIX, as assignment plans
-    "dp4": {"dp": 4},
-    "dp2tp2-full-recompute": {"dp": 2, "tp": 2, "recompute": "full"},
-    "dp2pp2-optimizer": {"dp": 2, "pp": 2, "sharding": "optimizer"},
-    "tp2pp2-full": {"dp": 1, "tp": 2, "pp": 2, "sharding": "full"},
-    "dp2pp2-vpp2-selective": {"dp": 2, "pp": 2, "virtualStages": 2, "recompute": "selective"},
-}
+PLANS = [
+    plan_for(segment, global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH)
+    for segment in parse_schedule(MATRIX, STEPS)
+]
+"""The plans of the exactness matrix, as the local launcher would place them."""
 SHAPE = ModelShape(
     layers=TINY.layers,
     hidden_size=TINY.hidden_size,
@@ -152,8 +152,7 @@ class SavedForBackward:
 class Case:
     """One plan at one precision, run in its own world."""
 
-    name: str
-    plan: dict[str, Any]
+    plan: ParallelPlan
     precision: str
     root: Path
     port: int
@@ -162,24 +161,25 @@ class Case:
         return {
             "job": "memory", "worldVersion": 0, "rank": rank, "worldSize": WORLD,
             "masterAddr": "127.0.0.1", "masterPort": self.port, "precision": self.precision,
-            "plan": {"microBatchSize": MICRO_BATCH, **self.plan},
-            "globalBatchSize": GLOBAL_BATCH, "consistency": "data",
+            "plan": plan_to_wire(self.plan), "globalBatchSize": GLOBAL_BATCH,
+            "consistency": "data",
             "checkpoint": {"path": str(self.root), "intervalSeconds": 0, "keep": 1},
         }  # fmt: skip
 
     def layout(self) -> Layout:
         plan = self.plan
         return Layout(
-            tp=plan.get("tp", 1), pp=plan.get("pp", 1), micro_batch=MICRO_BATCH,
-            sharding=plan.get("sharding", "none"), recompute=plan.get("recompute", "none"),
-            precision=self.precision, interleave=plan.get("virtualStages", 1),  # type: ignore[arg-type]
+            tp=plan.tp, pp=plan.pp, micro_batch=plan.micro_batch_size, sharding=plan.sharding,
+            recompute=plan.recompute, precision=self.precision,  # type: ignore[arg-type]
+            interleave=plan.virtual_stages,
         )  # fmt: skip
 
     def predicted(self) -> dict[str, float]:
         """The model's bytes by part, with the micro-batches this plan keeps in flight."""
-        layout, dp = self.layout(), self.plan["dp"]
-        held = in_flight(layout.pp, GLOBAL_BATCH // dp // MICRO_BATCH, layout.interleave)
-        return asdict(memory_breakdown(SHAPE, layout, dp=dp, in_flight=held))
+        layout, plan = self.layout(), self.plan
+        micro_batches = max(plan.batch_shares) // plan.micro_batch_size
+        held = in_flight(layout.pp, micro_batches, layout.interleave)
+        return asdict(memory_breakdown(SHAPE, layout, dp=plan.dp, in_flight=held))
 
 
 def _measure(rank: int, world: int, case: Case) -> dict[str, int]:
@@ -204,6 +204,7 @@ def _measure(rank: int, world: int, case: Case) -> dict[str, int]:
             with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
                 model.train_step(batch, lambda samples: make_batch(samples, TINY, 0))
             sess.step(opts)
+        assert "parameters" in held, "no step ran (a checkpoint of another case restored?)"
         states = (v for opt in opts for s in opt.state.values() for v in s.values())
         held["optimizer"] = _nbytes(v for v in states if isinstance(v, torch.Tensor))
         held["saved_activations"] = saved.peak["activations"]
@@ -235,7 +236,7 @@ def _cell(predicted: float, measured: int) -> str:
 
 def _table(rows: list[Row]) -> str:
     """One line per rank: predicted/measured bytes of each part."""
-    head = (f"{'plan':22} {'prec':4} {'rank':>4} {'parameters':>15} {'gradients':>15} "
+    head = (f"{'plan':28} {'prec':4} {'rank':>4} {'parameters':>15} {'gradients':>15} "
             f"{'optimizer':>15} {'error':>6} {'weight copies':>15} "
             f"{'grads at once':>15} {'saved at once':>15}")  # fmt: skip
     lines = [head]
@@ -245,7 +246,7 @@ def _table(rows: list[Row]) -> str:
         copies = _cell(p["weight_copies"], m["saved_weights"])
         grads = _cell(p["gradients"] + p["unsharded_gradients"], m["gradients_at_once"])
         saved = _cell(p["activations"] + p["logits"], m["saved_activations"])
-        lines.append(f"{r.plan:22} {r.precision:4} {r.rank:>4} {' '.join(cells)} "
+        lines.append(f"{r.plan:28} {r.precision:4} {r.rank:>4} {' '.join(cells)} "
                      f"{r.error('states'):>+6.1%} {copies} {grads} {saved}")  # fmt: skip
     return "\n".join(lines)
 
@@ -254,12 +255,14 @@ def _table(rows: list[Row]) -> str:
 @pytest.mark.timeout(1200)
 def test_each_rank_holds_what_the_planner_predicts_for_every_plan(tmp_path: Path) -> None:
     assert stage_layers(SHAPE.layers, 2) == (2, 2), "the pipeline plans split the layers evenly"
+    assert {p.dp * p.tp * p.pp for p in PLANS} == {WORLD}, "the matrix runs on WORLD ranks"
     rows: list[Row] = []
     ports = iter(port_block(2 * len(PLANS)))
-    for name, plan in PLANS.items():
+    for i, plan in enumerate(PLANS):
         for precision in ("fp32", "bf16"):
-            case = Case(name, plan, precision, tmp_path / f"{name}-{precision}", next(ports))
+            case = Case(plan, precision, tmp_path / f"{i}-{precision}", next(ports))
             held = run_world(_measure, WORLD, case, timeout=180)
+            name = f"{plan.label} {plan.sharding}/{plan.recompute}/v{plan.virtual_stages}"
             rows.extend(Row(name, precision, k, case.predicted(), h) for k, h in enumerate(held))
     (tmp_path / "memory.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
     print(f"bytes per rank, predicted/measured ({tmp_path / 'memory.json'}):")
