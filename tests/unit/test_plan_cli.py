@@ -87,7 +87,7 @@ def test_a_mix_whose_types_need_different_memory_says_each(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Six 4-GPU pods on 4 H100 pods + 2 A100-40GB pods: the A100-40GB replica runs one
-    micro-batch and needs 18.9 GiB of its 36, the H100s 55.3; both outputs say so."""
+    micro-batch and needs 21.6 GiB of its 36, the H100s 58.0; both outputs say so."""
     spec = yaml.safe_load(Path(JOB).read_text())
     spec["spec"].update(replicas=6, minReplicas=6, maxReplicas=6)
     spec["spec"]["worker"].update(gpus=4, gpuTypes=["H100", "A100-40GB"])
@@ -105,10 +105,10 @@ def test_a_mix_whose_types_need_different_memory_says_each(
     assert status == 0
     predicted = out["plans"][0]["predicted"]
     by_type = {name: round(gib, 1) for name, gib in predicted["peakMemoryGiBByType"].items()}
-    assert by_type == {"H100-SXM-80GB": 55.3, "A100-SXM-40GB": 18.9}
+    assert by_type == {"H100-SXM-80GB": 58.0, "A100-SXM-40GB": 21.6}
     assert main(["plan", str(job), "--cluster", str(cluster)]) == 0
     table = capsys.readouterr().out
-    assert "peak 55.3 GiB/GPU (H100-SXM-80GB 55.3, A100-SXM-40GB 18.9)" in table
+    assert "peak 58.0 GiB/GPU (H100-SXM-80GB 58.0, A100-SXM-40GB 21.6)" in table
 
 
 def test_example_table_is_one_screen() -> None:

@@ -23,10 +23,18 @@ hidden; then the optimizer step, bound by HBM bandwidth. Collectives are ring co
 ``2(n-1)/n · bytes / bandwidth`` for an all-reduce, half that for a reduce-scatter or
 all-gather.
 
-Memory per GPU (ZeRO, Rajbhandari et al. 2020; activations from Korthikanti et al. 2022 with
-sequence parallelism when tp > 1): weights 2 bytes/param (4 in fp32), gradients 2 (4), Adam
-state 12 (fp32 master, m, v; 8 in fp32 training); ``optimizer`` sharding divides the Adam
-state by dp, ``full`` divides all three. Activations per layer and micro-batch are
+Memory per GPU (``memory_breakdown``; ZeRO, Rajbhandari et al. 2020, as FSDP2 implements it,
+which is what the worker runs; activations from Korthikanti et al. 2022 with sequence
+parallelism when tp > 1): at every precision the parameters (the master weights) are fp32, 4
+bytes/param, their gradients 4 and Adam's moments 8; bf16 and fp16 compute on copies.
+``optimizer`` and ``full`` sharding both hold a 1/dp shard of all three; ``optimizer`` keeps
+the stage's weights gathered in the compute precision from forward to backward (2 bytes/param
+in bf16, 4 in fp32), ``full`` only the layer being computed and the one prefetched; unsharded,
+bf16 and fp16 autocast keeps its casts of the weights for backward (2 bytes/param, none under
+full recomputation). A pipelined sharded stage (dp > 1) also accumulates its gradients whole,
+in fp32, until the step's last backward (PyTorch's pipeline stage defers FSDP's reduction).
+``tests/worker/test_memory_model.py`` checks parameters, gradients and optimizer state per rank
+against the tensors of real runs. Activations per layer and micro-batch are
 ``s·b·h·(18 + c·f/h + 5·a·s/h)/tp`` bytes (``c`` = 4, or 6 when gated: 34 + 5as/h for a
 4h MLP) without recomputation, without the ``5as/h`` score term for ``selective``, and the
 layer input (``2sbh/tp``) plus one layer's working set for ``full``; the first stage holds
@@ -285,40 +293,140 @@ def stage_params(model: ModelShape, pp: int) -> float:
     return max(first * per_layer + embedding, last * per_layer + embedding)
 
 
-def state_bytes_per_param(precision: Precision, sharding: Sharding, dp: int) -> float:
-    """Bytes of weights + gradients + optimizer state per parameter held by one GPU."""
-    weights, grads, optimizer = (4.0, 4.0, 8.0) if precision == "fp32" else (2.0, 2.0, 12.0)
-    if sharding == "optimizer":
-        return weights + grads + optimizer / dp
-    if sharding == "full":
-        return (weights + grads + optimizer) / dp
-    return weights + grads + optimizer
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of the model one GPU holds for the whole step: the parameters (the
+    weights the optimizer steps), their gradients and the optimizer state."""
+
+    parameters: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        """All three."""
+        return self.parameters + self.gradients + self.optimizer
 
 
-def memory_gib(model: ModelShape, layout: Layout, *, dp: int, in_flight: float) -> float:
-    """Peak memory of the heaviest GPU in GiB (see the module docstring)."""
-    tp, pp, micro_batch = layout.tp, layout.pp, layout.micro_batch
-    sharding, recompute, precision = layout.sharding, layout.recompute, layout.precision
+def state_bytes(sharding: Sharding, dp: int) -> StateBytes:
+    """Weights, gradients and optimizer state per parameter held by one GPU (module docstring).
+
+    The same at every precision: the parameters (the master weights) are fp32, bf16 and fp16
+    compute on copies (autocast's casts, FSDP's gathered weights: ``weight_copy_bytes``); their
+    gradients are fp32 and so are Adam's two moments. ``optimizer`` and ``full`` sharding both
+    keep a 1/dp shard of all three (FSDP2); they differ in what they gather for compute.
+    """
+    state = StateBytes(parameters=4.0, gradients=4.0, optimizer=8.0)
+    if sharding == "none":
+        return state
+    return StateBytes(state.parameters / dp, state.gradients / dp, state.optimizer / dp)
+
+
+def weight_copy_bytes(model: ModelShape, layout: Layout) -> float:
+    """Copies of the weights in the compute precision that one GPU holds at its peak.
+
+    Unsharded, bf16 and fp16 autocast casts every weight once per forward and keeps the casts
+    for backward (the whole stage, the embedding counted too; under ``full`` recomputation
+    only the layer being recomputed, which the working set already stands for). ``optimizer``
+    sharding keeps every block's gathered weights from its forward to its backward (the whole
+    stage, FSDP2 without resharding after forward); ``full`` holds the layer being computed
+    and the one prefetched.
+    """
+    element = activation_bytes(layout.precision)
+    stage = stage_params(model, layout.pp) / layout.tp
+    if layout.sharding == "optimizer":
+        return stage * element
+    if layout.sharding == "full":
+        return 2.0 * layer_params(model) / layout.tp * element
+    if layout.precision == "fp32" or layout.recompute == "full":
+        return 0.0
+    return stage * element
+
+
+def unsharded_gradient_bytes(model: ModelShape, layout: Layout, *, dp: int) -> float:
+    """A pipelined, sharded stage's gradients, whole and fp32, held through its backwards.
+
+    PyTorch's pipeline stage defers an FSDP module's reduce-scatter to the step's last
+    backward (``set_requires_gradient_sync(False)`` before), so the stage accumulates
+    unsharded gradients until then; over one data-parallel rank nothing is sharded to begin
+    with.
+    """
+    if layout.pp == 1 or layout.sharding == "none" or dp == 1:
+        return 0.0
+    return stage_params(model, layout.pp) / layout.tp * 4.0
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes the heaviest GPU of a layout holds at its peak, by what holds them.
+
+    ``parameters``, ``gradients`` and ``optimizer`` live through the whole step (this GPU's
+    shard of them); ``weight_copies`` are the weights in the compute precision (gathered by
+    sharding, cast by autocast: ``weight_copy_bytes``); ``unsharded_gradients`` what a pipelined
+    sharded stage accumulates before reducing (``unsharded_gradient_bytes``); ``activations``
+    are what the layers
+    keep for backward for the micro-batches in flight, ``logits`` the last stage's fp32 logits
+    of one micro-batch.
+    """
+
+    parameters: float
+    gradients: float
+    optimizer: float
+    weight_copies: float
+    unsharded_gradients: float
+    activations: float
+    logits: float
+
+    @property
+    def states(self) -> float:
+        """Parameters, gradients and optimizer state: what lives through the whole step."""
+        return self.parameters + self.gradients + self.optimizer
+
+    @property
+    def total(self) -> float:
+        """Everything: the peak the search compares with a GPU's usable memory."""
+        held = self.states + self.weight_copies + self.unsharded_gradients
+        return held + self.activations + self.logits
+
+
+def activation_bytes_per_gpu(model: ModelShape, layout: Layout, *, in_flight: float) -> float:
+    """Bytes the first stage's layers keep for backward with ``in_flight`` micro-batches."""
+    tp, micro_batch, recompute = layout.tp, layout.micro_batch, layout.recompute
     h, s, a = model.hidden_size, model.sequence_length, model.attention_heads
-    params = stage_params(model, pp) / tp
-    states = params * state_bytes_per_param(precision, sharding, dp)
-    if sharding == "full":
-        # The gathered weights of the layer being computed and of the one prefetched.
-        states += 2.0 * layer_params(model) / tp * activation_bytes(precision)
-    scale = activation_bytes(precision) / 2.0
+    scale = activation_bytes(layout.precision) / 2.0
     sbh = s * micro_batch * h * scale / tp
     mlp = (6.0 if model.gated else 4.0) * model.ffn_hidden_size / h
     working = sbh * (18.0 + mlp)
     score = sbh * 5.0 * a * s / h
-    first, _ = stage_layers(model.layers, pp)
+    first, _ = stage_layers(model.layers, layout.pp)
     if recompute == "full":
         # Each layer keeps only its input; backward recomputes one layer's working set at a time.
-        activations = first * 2.0 * sbh * max(1, in_flight) + working + score
-    else:
-        per_layer = working + (score if recompute == "none" else 0.0)
-        activations = first * per_layer * max(1, in_flight)
-    logits = 4.0 * s * micro_batch * model.vocab_size / tp
-    return (states + activations + logits) / GIB
+        return first * 2.0 * sbh * max(1, in_flight) + working + score
+    per_layer = working + (score if recompute == "none" else 0.0)
+    return first * per_layer * max(1, in_flight)
+
+
+def memory_breakdown(
+    model: ModelShape, layout: Layout, *, dp: int, in_flight: float
+) -> MemoryBreakdown:
+    """Peak bytes of the heaviest GPU of ``layout`` by part (see the module docstring)."""
+    params = stage_params(model, layout.pp) / layout.tp
+    state = state_bytes(layout.sharding, dp)
+    s, micro_batch = model.sequence_length, layout.micro_batch
+    return MemoryBreakdown(
+        parameters=params * state.parameters,
+        gradients=params * state.gradients,
+        optimizer=params * state.optimizer,
+        weight_copies=weight_copy_bytes(model, layout),
+        unsharded_gradients=unsharded_gradient_bytes(model, layout, dp=dp),
+        activations=activation_bytes_per_gpu(model, layout, in_flight=in_flight),
+        logits=4.0 * s * micro_batch * model.vocab_size / layout.tp,
+    )
+
+
+def memory_gib(model: ModelShape, layout: Layout, *, dp: int, in_flight: float) -> float:
+    """Peak memory of the heaviest GPU in GiB (see the module docstring)."""
+    return memory_breakdown(model, layout, dp=dp, in_flight=in_flight).total / GIB
 
 
 def usable_memory_gib(gpu: GpuType, constants: ModelConstants = DEFAULT_CONSTANTS) -> float:
