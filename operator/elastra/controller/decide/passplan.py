@@ -427,17 +427,11 @@ def _record_world(ctx: _Pass, decision: ResizeDecision, placement: Placement) ->
         return _WorldStep(status, problem=problem)
     recorded = _with_world(ctx, formed, decision.reason, members, failed=failed)
     warn = failed or decision.degraded or problem is not None
+    message = f"world v{recorded.world.version}: {problem or decision.message}"
+    if formed is not None and (note := micro_batch_note(ctx.job)):
+        message += f"; {note}"
     event = EventSpec(
-        EventType.WARNING if warn else EventType.NORMAL,
-        decision.reason.value,
-        "; ".join(
-            part
-            for part in (
-                f"world v{recorded.world.version}: {problem or decision.message}",
-                micro_batch_note(ctx.job) if formed is not None else "",
-            )
-            if part
-        ),
+        EventType.WARNING if warn else EventType.NORMAL, decision.reason.value, message
     )
     return _WorldStep(recorded, problem=problem, events=(event,))
 
