@@ -74,6 +74,14 @@ cluster-up: $(STAMP) toolchain ## Start the local control plane + kwok nodes (FL
 images: $(STAMP) ## Build (or reuse from cache) the pause, python, worker and operator images, no registry
 	$(BIN)/python -m e2e.images build pause python worker operator
 
+.PHONY: images-docker
+images-docker: $(STAMP) ## Build operator/ and worker_image/Dockerfile with docker (offline base, cached wheels), compare with make images
+	$(BIN)/python -m e2e.images.docker build worker operator
+
+.PHONY: torch-cuda-check
+torch-cuda-check: $(STAMP) ## pip's resolver, dry run: the worker Dockerfile's torch resolves to the CUDA build the README names
+	$(BIN)/python -m e2e.images.cuda
+
 .PHONY: cluster-down
 cluster-down: ## Stop exactly the processes cluster-up started
 	$(CLUSTER_PY) -m e2e.cluster down

@@ -8,13 +8,14 @@ examples/cpu-tiny.yaml (three CPU workers training a tiny GPT over gloo), scales
 back to three, and checks the workers' own records. The last line is either
 
     demo: OK worlds=v1(3)->v2(2)->v3(3) steps=N resumed-from=[a,b] downtime=[Xs,Ys]
-        data-order=static
+        goodput=G% data-order=static
 
 (world versions with their sizes, the steps trained, the checkpoint step each resize resumed
 from, how long each resize stopped training: from the end of the step the new world resumed
-from to the end of its first step, as its rank 0 recorded it; on one line) or ``demo: FAILED
-<reason>``; the exit status says the same. It shares every step with
-the e2e suite (e2e/install.py, e2e/elasticjob.py, e2e/trainlog.py).
+from to the end of its first step, as its rank 0 recorded it; the job's goodput at its last
+step: the fraction of wall time since its first step spent in steps it kept; on one line) or
+``demo: FAILED <reason>``; the exit status says the same. It shares every step with the e2e
+suite (e2e/install.py, e2e/elasticjob.py, e2e/trainlog.py).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def run_demo(elastra: Elastra, *, steps_per_world: int) -> str:
         )
     return (
         f"worlds={worlds} steps={len(records)} resumed-from=[{resumed}] "
-        f"downtime=[{downtimes}] data-order=static"
+        f"downtime=[{downtimes}] goodput={_percent(records[-1].goodput)} data-order=static"
     )
 
 
@@ -107,6 +108,11 @@ def _downtime(records: Sequence[StepRecord], step: int) -> str:
     """The resize downtime rank 0 recorded on ``step`` (a world's first), as ``12.3s``."""
     seconds = records[step].downtime_s
     return "?" if seconds is None else f"{seconds:.1f}s"
+
+
+def _percent(fraction: float | None) -> str:
+    """The goodput rank 0 recorded on the last step, as ``87%``."""
+    return "?" if fraction is None else f"{fraction * 100:.0f}%"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -40,6 +40,8 @@ class StepRecord:
     samples: tuple[int, ...]
     downtime_s: float | None = None
     """On a resumed world's first step: seconds since the end of the step it resumed from."""
+    goodput: float | None = None
+    """The job's goodput at this step (a fraction; from a world's second step on)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ def parse_step_log(text: str) -> list[StepRecord]:
                     # a plain torchrun script logs no samples: it has no data-order contract
                     samples=tuple(int(s) for s in raw.get("samples", ())),
                     downtime_s=_seconds(raw.get("resizeDowntimeSeconds")),
+                    goodput=_seconds(raw.get("goodput")),
                 )
             )
         except (ValueError, KeyError, TypeError) as err:

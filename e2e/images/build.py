@@ -101,6 +101,11 @@ class Image:
     def size(self) -> int:
         return sum(layer.size for layer in self.layers)
 
+    @property
+    def digests(self) -> list[str]:
+        """The layers' digests, lowest first (the config's diff_ids: the layers are plain tars)."""
+        return [layer.digest for layer in self.layers]
+
 
 KEPT_PER_NAME = 2
 """Cache entries kept per layer or wheel set name: the one in use and the newest other one
@@ -457,9 +462,7 @@ def save(image: Image, out: Path) -> None:
     tmp.replace(out)
 
 
-def drop_layer_blobs(
-    ctr: list[str], layers: list[Layer], env: dict[str, str] | None = None
-) -> None:
+def drop_layer_blobs(ctr: list[str], digests: list[str], env: dict[str, str] | None = None) -> None:
     """Remove the layer blobs of an unpacked image from a containerd (``ctr`` names it).
 
     Why: containers start from the unpacked snapshots, so keeping the blobs too doubled what
@@ -468,7 +471,7 @@ def drop_layer_blobs(
     is its diff_id. One digest per call: ctr stops at the first one it cannot remove (already
     gone, or shared with an image removed before).
     """
-    for digest in sorted({layer.digest for layer in layers}):
+    for digest in sorted(set(digests)):
         subprocess.run([*ctr, "content", "rm", digest], env=env, check=False,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
@@ -510,7 +513,7 @@ def import_image(image: Image, *, address: str, store: str = "", ctr: str = "ctr
         digest = lines[0].split()[2]
         if json.loads(record.read_text()) == {"config": image.config_digest, "manifest": digest}:
             say(f"{image.tag}: already in {address}")
-            drop_layer_blobs(ctr_argv, image.layers)  # a store filled before blobs were dropped
+            drop_layer_blobs(ctr_argv, image.digests)  # a store filled before blobs were dropped
             return
     started = time.monotonic()
     say(f"{image.tag}: importing {image.size / 2**20:.0f} MiB into {address} ...")
@@ -529,7 +532,7 @@ def import_image(image: Image, *, address: str, store: str = "", ctr: str = "ctr
         check=True,
     )
     digest = probe.stdout.splitlines()[1].split()[2]
-    drop_layer_blobs(ctr_argv, image.layers)
+    drop_layer_blobs(ctr_argv, image.digests)
     record.write_text(json.dumps({"config": image.config_digest, "manifest": digest}))
     say(f"{image.tag}: imported in {time.monotonic() - started:.0f}s")
 

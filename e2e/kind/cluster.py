@@ -1,7 +1,8 @@
 """A kind cluster on this machine, from nothing to Ready nodes and back to nothing.
 
 ``python -m e2e.kind.cluster up [--config e2e/kind-config.yaml] [--name N] [--kubeconfig F]``
-``python -m e2e.kind.cluster down [--name N]``   (also stops the daemon it started)
+``python -m e2e.kind.cluster down [--name N]``   (and the daemon it started, once no
+                                                 other kind cluster runs on it)
 ``python -m e2e.kind.cluster leftovers``         (exit 1 and list them when anything is left)
 
 Why a module: `kind create cluster` is one command only where docker runs and kind's node
@@ -58,21 +59,24 @@ def say(msg: str) -> None:
     print(f"kind-cluster: {msg}", file=sys.stderr, flush=True)
 
 
-def state_file() -> Path:
-    """What `up` changed on this machine, so that `down` undoes exactly that."""
-    return dockerd.DockerdDirs.default().data.parent / "cluster-state.json"
+def state_file(name: str) -> Path:
+    """What `up` of cluster `name` changed on this machine, so that its `down` undoes exactly
+    that. One file per cluster: with one for all, a second cluster's `up` (two kind chapters on
+    one daemon) overwrote the first's, whose `env` then named the second's shared folder and
+    whose `down` deleted it under the second's running suite."""
+    return dockerd.DockerdDirs.default().data.parent / f"cluster-state-{name}.json"
 
 
-def read_state() -> dict[str, object]:
+def read_state(name: str) -> dict[str, object]:
     try:
-        raw = json.loads(state_file().read_text())
+        raw = json.loads(state_file(name).read_text())
     except (OSError, ValueError):
         return {}
     return raw if isinstance(raw, dict) else {}
 
 
-def write_state(state: dict[str, object]) -> None:
-    path = state_file()
+def write_state(name: str, state: dict[str, object]) -> None:
+    path = state_file(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(state) + "\n")
 
@@ -172,7 +176,7 @@ def up(
     """image: "local" (make kind-image), "" (kind's published default) or a tag."""
     started = time.monotonic()
     env = environment(start=image == "local")
-    state = read_state()
+    state = read_state(name)
     state["ours"] = env.ours
     if not LIB_MODULES.exists():
         # kind bind-mounts /lib/modules into every node; docker would create it on the host.
@@ -182,7 +186,7 @@ def up(
     shared.mkdir(parents=True, exist_ok=True)
     state["shared"] = str(shared)
     config = with_shared_volumes(config, shared, shared.parent / f"{name}-kind-config.yaml")
-    write_state(state)
+    write_state(name, state)
     kind = kind_binary(kind)
     argv = [kind, "create", "cluster", "--name", name, "--config", str(config), "--wait", wait]
     if image:
@@ -199,22 +203,37 @@ def up(
     say(f"cluster {name} up with {len(nodes)} node(s) in {time.monotonic() - started:.0f}s")
 
 
+def other_clusters(env: Env, kind: str, name: str) -> list[str]:
+    """The kind clusters on the daemon besides `name` (kind prints one name a line)."""
+    listed = env.run([kind, "get", "clusters"], capture_output=True, check=False)
+    found = listed.stdout.split() if listed.returncode == 0 else []
+    return [cluster for cluster in found if cluster != name]
+
+
+def forget_the_daemon(env: Env) -> None:
+    """What the last cluster leaves: kind's network (a bridge on the host), and in our daemon
+    the node volumes (/var of each node, ~1 GB) of nodes kind did not remove, and the daemon."""
+    if env.docker("network", "inspect", "kind").returncode == 0:
+        rm = env.docker("network", "rm", "kind")
+        say("removed docker network kind" if rm.returncode == 0 else rm.stderr.strip())
+    if env.ours:
+        env.docker("volume", "prune", "--force")
+        dockerd.stop(dockerd.DockerdDirs.default())
+
+
 def down(name: str, *, kind: str) -> None:
-    state = read_state()
+    state = read_state(name)
     env = environment(start=False)
     if env.ours and dockerd.read_pid(dockerd.DockerdDirs.default()) is None:
         say("our docker daemon is not running: nothing of kind's can be left in it")
     else:
         kind = kind_binary(kind)
         env.run([kind, "delete", "cluster", "--name", name], check=False)
-        # kind leaves its network (a bridge on the host) behind.
-        if env.docker("network", "inspect", "kind").returncode == 0:
-            rm = env.docker("network", "rm", "kind")
-            say("removed docker network kind" if rm.returncode == 0 else rm.stderr.strip())
-        if env.ours:
-            # Node volumes (/var of each node, ~1 GB) of nodes kind did not remove.
-            env.docker("volume", "prune", "--force")
-            dockerd.stop(dockerd.DockerdDirs.default())
+        if others := other_clusters(env, kind, name):
+            # Their nodes sit on kind's network, and stopping the daemon would kill them.
+            say(f"kind cluster(s) {', '.join(others)} still run: the daemon and network stay")
+        else:
+            forget_the_daemon(env)
     shared = state.get("shared")
     if isinstance(shared, str):
         # The claims' data of this cluster, and the config that mounted it.
@@ -225,7 +244,7 @@ def down(name: str, *, kind: str) -> None:
             LIB_MODULES.rmdir()
         except OSError as err:
             say(f"left {LIB_MODULES}: {err}")
-    state_file().unlink(missing_ok=True)
+    state_file(name).unlink(missing_ok=True)
 
 
 def leftovers() -> list[str]:
@@ -257,7 +276,9 @@ def leftovers() -> list[str]:
         found.append(f"paths our daemon created: {layout.created.read_text().strip()}")
     name = layout.cgroup_parent.lstrip("/")
     found += [f"cgroup {c}" for c in Path("/sys/fs/cgroup").glob(f"*/{name}")]
-    if read_state().get("created_lib_modules") and LIB_MODULES.exists():
+    states = layout.data.parent.glob("cluster-state-*.json")
+    created = any(read_state(p.name[14:-5]).get("created_lib_modules") for p in states)
+    if created and LIB_MODULES.exists():
         found.append(f"{LIB_MODULES} (created by up)")
     return found
 
@@ -281,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         if env.ours:
             for key, value in dockerd.env(dockerd.DockerdDirs.default()).items():
                 print(f"export {key}={value}")
-        shared = read_state().get("shared")
+        shared = read_state(args.name).get("shared")
         if isinstance(shared, str):
             print(f"export {SHARED_ENV}={shared}:{SHARED_PV_PATH}")
     else:

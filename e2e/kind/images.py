@@ -1,6 +1,9 @@
 """Elastra's images into the nodes of a kind cluster that run pods, unpacked, blobs dropped.
 
-``python -m e2e.kind.images [--name N] worker operator``
+``python -m e2e.kind.images [--name N] [--from docker] worker operator``
+
+``--from docker`` loads the images the Dockerfiles built (e2e/images/docker.py, in the docker
+daemon kind runs on: ``docker save`` streamed into each node) instead of the offline builder's.
 
 Why not `kind load image-archive`: it imports an image into every node and keeps both the
 layer blobs and the unpacked snapshots. The worker image is a 5.6 GiB torch layer, so for one
@@ -30,15 +33,20 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from e2e.images import unpacked
 from e2e.images.archive import write_archive
-from e2e.images.build import BUILDERS, Image, drop_layer_blobs
+from e2e.images.build import BUILDERS, OPERATOR_TAG, WORKER_TAG, Image, drop_layer_blobs
 from e2e.kind.cluster import DEFAULT_NAME, Env, environment, kind_binary, say
 from e2e.kind.hardlinks import Linked, link_identical
 
 ROLE_LABEL = "io.x-k8s.kind.role"
+TAGS = {"worker": WORKER_TAG, "operator": OPERATOR_TAG}
+"""The Dockerfiles' images are tagged as the offline ones (e2e/images/docker.py)."""
 SNAPSHOTTER = re.compile(r'^\s*snapshotter\s*=\s*"([^"]+)"', re.MULTILINE)
 
 
@@ -74,7 +82,42 @@ def snapshotter(env: Env, node: str) -> str:
     return snapshotter_of(env.docker("exec", node, "containerd", "config", "dump").stdout)
 
 
-def load_into(env: Env, node: str, image: Image) -> str:
+@dataclass(frozen=True)
+class Loadable:
+    """An image to stream into nodes: its tag, layer digests (lowest first), size and a writer
+    of its docker-archive."""
+
+    tag: str
+    digests: list[str]
+    size: int
+    write: Callable[[IO[bytes]], None]
+
+    @staticmethod
+    def offline(image: Image) -> Loadable:
+        """The offline builder's image (e2e/images/build.py), archived from its layer cache."""
+
+        def write(dst: IO[bytes]) -> None:
+            write_archive(dst, tag=image.tag, layers=image.layers, config=image.config)
+
+        return Loadable(image.tag, image.digests, image.size, write)
+
+    @staticmethod
+    def from_docker(env: Env, tag: str) -> Loadable:
+        """The image of that tag in the daemon kind runs on (the Dockerfiles' build), saved."""
+        raw = env.docker("image", "inspect", "--format", "{{json .RootFS.Layers}} {{.Size}}", tag)
+        if raw.returncode != 0:
+            raise SystemExit(f"kind-images: {tag} is not in docker (make images-docker builds it)")
+        layers, size = raw.stdout.split()
+
+        def write(dst: IO[bytes]) -> None:
+            save = subprocess.run(["docker", "save", tag], stdout=dst, env=env.vars, check=False)
+            if save.returncode != 0:
+                raise SystemExit(f"kind-images: docker save {tag} failed")
+
+        return Loadable(tag, list(json.loads(layers)), int(size), write)
+
+
+def load_into(env: Env, node: str, image: Loadable) -> str:
     """Stream the image into the node's containerd (namespace k8s.io), then drop its blobs;
     returns the snapshotter it was unpacked with."""
     unpacker = snapshotter(env, node)
@@ -85,12 +128,12 @@ def load_into(env: Env, node: str, image: Image) -> str:
                             env=env.vars)  # fmt: skip
     assert proc.stdin is not None
     try:
-        write_archive(proc.stdin, tag=image.tag, layers=image.layers, config=image.config)
+        image.write(proc.stdin)
     finally:
         proc.stdin.close()
     if proc.wait() != 0:
         raise SystemExit(f"kind-images: importing {image.tag} into node {node} failed")
-    drop_layer_blobs(ctr, image.layers, env=env.vars)
+    drop_layer_blobs(ctr, image.digests, env=env.vars)
     listed = env.docker("exec", node, "ctr", "--namespace=k8s.io", "images", "ls", "-q")
     if image.tag not in listed.stdout.split():
         raise SystemExit(f"kind-images: {image.tag} is not listed in node {node} after import")
@@ -106,7 +149,7 @@ def var_on_host(env: Env, node: str) -> Path | None:
     return None
 
 
-def layer_dirs(env: Env, node: str, image: Image, snapshotter: str) -> list[Path] | None:
+def layer_dirs(env: Env, node: str, image: Loadable, snapshotter: str) -> list[Path] | None:
     """The unpacked layers of `image` in the node, lowest first, as paths on this machine;
     None where they are not reachable from here."""
     var = var_on_host(env, node)
@@ -114,7 +157,7 @@ def layer_dirs(env: Env, node: str, image: Image, snapshotter: str) -> list[Path
         return None
     ctr = ["docker", "exec", node, "ctr", "--namespace=k8s.io"]
     try:
-        inside = unpacked.layer_dirs(ctr, [layer.digest for layer in image.layers], env=env.vars)
+        inside = unpacked.layer_dirs(ctr, image.digests, env=env.vars)
     except (subprocess.CalledProcessError, ValueError) as err:
         say(f"{node}: where {image.tag}'s layers lie is unknown ({err}); they stay copies")
         return None
@@ -132,12 +175,17 @@ def share_layers(reference: list[Path], node: str, dirs: list[Path], *, of: str)
     say(f"{node}: {linked.files} files ({linked.bytes / 2**20:.0f} MiB) hard-linked to {of}")
 
 
-def load(name: str, images: list[str], *, kind: str) -> None:
+def load(name: str, images: list[str], *, kind: str, source: str = "offline") -> None:
     env = environment(start=False)
     kind = kind_binary(kind)
     nodes = pod_nodes(env, kind, name)
     for image_name in images:
-        image = BUILDERS[image_name]()
+        if source == "docker":
+            if image_name not in TAGS:
+                raise SystemExit(f"kind-images: no Dockerfile builds {image_name!r}")
+            image = Loadable.from_docker(env, TAGS[image_name])
+        else:
+            image = Loadable.offline(BUILDERS[image_name]())
         first: tuple[str, list[Path]] | None = None
         for node in nodes:
             started = time.monotonic()
@@ -160,8 +208,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("images", nargs="+", choices=sorted(BUILDERS))
     parser.add_argument("--name", default=os.environ.get("KIND_CLUSTER", DEFAULT_NAME))
     parser.add_argument("--kind", default="", help="kind binary (default: make kind-image's)")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        choices=["offline", "docker"],
+        default="offline",
+        help="the offline builder's images, or the Dockerfiles' in docker",
+    )
     args = parser.parse_args(argv)
-    load(args.name, args.images, kind=args.kind)
+    load(args.name, args.images, kind=args.kind, source=args.source)
     return 0
 
 

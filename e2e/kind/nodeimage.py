@@ -440,7 +440,7 @@ def build_preloaded(images: list[PackedImage]) -> Layer:
                     if proc.wait() != 0:
                         raise SystemExit(f"kind-image: ctr import of {image.tag} failed")
                 layers = [layer for image in images for layer in image.layers]
-                drop_layer_blobs(base, layers)
+                drop_layer_blobs(base, [layer.digest for layer in layers])
                 # containerd deletes the files in its next garbage collection, soon after.
                 files = [
                     root / "io.containerd.content.v1.content/blobs" / d.replace(":", "/")

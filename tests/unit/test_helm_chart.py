@@ -818,6 +818,7 @@ def worker_series() -> dict[str, set[str]]:
         "lastCheckpointStep": 2,
         "resizeDowntimeSeconds": 4.5,  # a resumed world's first step reported it
         "stateFrom": "storage",
+        "goodput": 0.9,
     }
     state = {"worldVersion": 2, "worldSize": 4, "rank": 0, "trainerStarts": 2}
     collector = WorkerCollector(lambda: progress, lambda: state)

@@ -50,6 +50,7 @@ class Stage:
     entrypoint: list[str] | None = None
     cmd: list[str] | None = None
     expose: list[str] = field(default_factory=list)
+    args: list[str] = field(default_factory=list)
 
 
 def _instructions(text: str) -> list[tuple[str, str]]:
@@ -65,14 +66,18 @@ def _instructions(text: str) -> list[tuple[str, str]]:
 
 
 def pip_packages(run: str) -> list[str]:
-    """Names a RUN line installs with pip: arguments that are neither options nor paths."""
+    """Names a RUN line installs into the image's python3 with pip (``pip --python X install``,
+    pip run from a throwaway venv): arguments that are neither options nor paths. Shell
+    expansions (``${WHEELS:+...}``, ``"$(command -v python3)"``) are options, not names."""
     names: list[str] = []
     for command in run.split("&&"):
-        words = shlex.split(command)
-        if words[:2] != ["pip", "install"]:
+        words = shlex.split(re.sub(r'"?\$[({][^)}]*[)}]"?', "", command))
+        if not words or not words[0].endswith("pip") or words[1:2] != ["--python"]:
+            continue
+        if words[2:3] != ["install"]:
             continue
         skip = False
-        for word in words[2:]:
+        for word in words[3:]:
             if skip:
                 skip = False
             elif word in PIP_OPTIONS_WITH_VALUE:
@@ -89,12 +94,20 @@ def _normal(name: str) -> str:
 
 def parse_dockerfile(path: Path) -> list[Stage]:
     stages: list[Stage] = []
+    args: dict[str, str] = {}  # ARGs before the first FROM: what FROM may name
     for word, rest in _instructions(path.read_text()):
+        if word == "ARG" and not stages:
+            name, _, default = rest.partition("=")
+            args[name] = default
+            continue
         if word == "FROM":
-            stages.append(Stage(base=rest.split()[0]))
+            base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], rest.split()[0])
+            stages.append(Stage(base=base))
             continue
         stage = stages[-1]
-        if word == "RUN":
+        if word == "ARG":
+            stage.args.append(rest.partition("=")[0])
+        elif word == "RUN":
             stage.runs.append(rest)
             stage.packages += pip_packages(rest)
         elif word == "COPY":
@@ -157,12 +170,26 @@ def test_the_image_user_is_the_one_pods_and_the_chart_run_as(dockerfile: Path) -
     offline build and both Dockerfiles; above the host's login users (login.defs: at most
     60000), which is what scanners such as checkov ask (tests/unit/test_checkov.py)."""
     final = parse_dockerfile(dockerfile)[-1]
-    (useradd,) = [shlex.split(run) for run in final.runs if "useradd" in run]
+    (useradd,) = [shlex.split(run.rpartition("||")[2]) for run in final.runs if "useradd" in run]
     assert useradd == ["useradd", "--uid", build.IMAGE_USER, *build.USERADD_OPTIONS, "elastra"]
     values = yaml.safe_load((REPO / "helm" / "elastra" / "values.yaml").read_text())
     uid = int(build.IMAGE_USER)
     assert values["runAsUser"] == values["runAsGroup"] == WORKER_UID == uid
     assert uid > 60000
+
+
+@pytest.mark.parametrize("dockerfile", [WORKER_DOCKERFILE, OPERATOR_DOCKERFILE])
+def test_every_stage_that_runs_pip_takes_the_build_arguments_make_passes(dockerfile: Path) -> None:
+    """e2e/images/docker.py builds with BASE (the offline base: it runs as uid 65532, so each
+    stage starts as root) and WHEELS (the wheel cache); a stage without them would pull from a
+    registry or an index that is not there, or run pip as a user who cannot write."""
+    for stage in parse_dockerfile(dockerfile):
+        if any("/tmp/pip/bin/pip" in run for run in stage.runs):
+            assert "WHEELS" in stage.args
+            assert any("${WHEELS:+--no-index --find-links" in run for run in stage.runs)
+        assert stage.base == BASE  # FROM ${BASE}, its default the public image
+    assert "USER root" in dockerfile.read_text()
+    assert dockerfile.read_text().count("FROM ${BASE}") == len(parse_dockerfile(dockerfile))
 
 
 def test_operator_wheel_stage_copies_every_package_of_the_wheel() -> None:
@@ -210,7 +237,12 @@ def test_the_python_version_of_the_base_matches_the_offline_site_path() -> None:
 
 
 def test_pip_packages_reads_names_not_options_or_paths() -> None:
-    run = 'pip install --index-url "$X" -c /c.txt torch "numpy>=1" && pip install /w/e.whl'
+    run = (
+        'python3 -m venv /v && /v/bin/pip install ${W:+--find-links "$W"} --upgrade pip'
+        ' && /v/bin/pip --python "$(command -v python3)" install ${W:+--no-index --find-links'
+        ' "$W"} --index-url "$X" -c /c.txt torch "numpy>=1"'
+        " && /v/bin/pip --python python3 install --no-deps /w/e.whl"
+    )
     assert pip_packages(run) == ["torch", "numpy"]
 
 

@@ -140,13 +140,52 @@ def test_down_removes_lib_modules_only_when_up_created_it(
     modules = tmp_path / "lib-modules"
     monkeypatch.setattr(cluster, "LIB_MODULES", modules)
     modules.mkdir()
-    cluster.write_state({"ours": True})  # it was there before `up`
+    cluster.write_state("x", {"ours": True})  # it was there before `up`
     cluster.down("x", kind="/bin/false")
     assert modules.is_dir()
-    cluster.write_state({"ours": True, "created_lib_modules": True})
+    cluster.write_state("x", {"ours": True, "created_lib_modules": True})
     cluster.down("x", kind="/bin/false")
     assert not modules.exists()
-    assert not cluster.state_file().exists()
+    assert not cluster.state_file("x").exists()
+
+
+@pytest.mark.parametrize(
+    ("clusters", "stopped"),
+    [
+        ("x\n", True),  # kind still lists the one being deleted: no other
+        ("", True),
+        ("x\nother\n", False),  # another chapter's cluster runs on the daemon
+    ],
+)
+def test_down_stops_our_daemon_only_when_no_other_cluster_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clusters: str, stopped: bool
+) -> None:
+    monkeypatch.setenv("ELASTRA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ELASTRA_KIND_RUN", str(tmp_path / "run"))
+    monkeypatch.setenv("ELASTRA_KIND_DOCKERD", "1")
+    monkeypatch.setattr(dockerd, "read_pid", lambda layout: 1)  # ours, running
+    stops: list[Path] = []
+    monkeypatch.setattr(dockerd, "stop", lambda layout: stops.append(layout.run))
+    kind = tmp_path / "kind"
+    kind.write_text(f"#!/bin/sh\n[ \"$1\" = get ] && printf '{clusters}'\nexit 0\n")
+    kind.chmod(0o755)
+    shims = dockerd.DockerdDirs.default().shims  # PATH's first folder for our daemon's docker
+    shims.mkdir(parents=True)
+    (shims / "docker").write_text("#!/bin/sh\nexit 1\n")  # no network or volume to remove
+    (shims / "docker").chmod(0o755)
+    cluster.write_state("x", {"ours": True})
+    cluster.down("x", kind=str(kind))
+    assert stops == ([tmp_path / "run"] if stopped else [])
+    assert not cluster.state_file("x").exists()
+
+
+def test_two_clusters_keep_their_own_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two kind chapters on one daemon: the second's `up` left the first's state alone."""
+    monkeypatch.setenv("ELASTRA_CACHE", str(tmp_path / "cache"))
+    cluster.write_state("a", {"shared": "/v/a"})
+    cluster.write_state("b", {"shared": "/v/b"})
+    assert cluster.read_state("a") == {"shared": "/v/a"}
+    assert cluster.read_state("b") == {"shared": "/v/b"}
 
 
 def test_every_node_mounts_the_shared_claim_folder(tmp_path: Path) -> None:

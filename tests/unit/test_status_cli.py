@@ -60,3 +60,14 @@ def test_a_resize_shows_how_long_it_stopped_training_once_measured() -> None:
     first, second = lines.splitlines()[:2]
     assert first.endswith("ScaledDown"), "not reported yet: nothing invented"
     assert second.endswith("ScaledDown  stopped 12.3s (state from storage)")
+
+
+def test_the_progress_line_says_the_goodput_once_reported() -> None:
+    body = base_manifest("gpt")
+    body["metadata"].update(namespace="team-a", uid="u-1")
+    body["status"] = {"progress": {"step": 40, "samplesPerSecond": 12, "lastCheckpointStep": 32}}
+    progress = "  progress: step 40, 12 samples/s, last checkpoint step 32"
+    assert render(parse_trainingjob(body), [], unusable=[]).endswith(f"\n{progress}")
+    body["status"]["progress"]["goodputPercent"] = 87
+    shown = render(parse_trainingjob(body), [], unusable=[])
+    assert shown.endswith(f"\n{progress}, goodput 87%")

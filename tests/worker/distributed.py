@@ -38,19 +38,20 @@ TINY = ModelConfig(
 """The model every parallelism test uses: GQA, an odd vocabulary, four layers."""
 
 
-def _rank_main(job: tuple[Callable[..., Any], tuple[Any, ...]], rank: int, world: int, port: int,
-               out: Any) -> None:  # fmt: skip
+def _rank_main(job: tuple[Callable[..., Any], tuple[Any, ...]], rank: int, world: int,
+               port: int | None, out: Any) -> None:  # fmt: skip
     fn, args = job
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=60),
-        )
+        if port is not None:
+            dist.init_process_group(
+                "gloo",
+                init_method=f"tcp://127.0.0.1:{port}",
+                rank=rank,
+                world_size=world,
+                timeout=timedelta(seconds=60),
+            )
         out.put((rank, None, fn(rank, world, *args)))
     except BaseException:  # report everything, the parent decides
         out.put((rank, traceback.format_exc(), None))
@@ -59,14 +60,18 @@ def _rank_main(job: tuple[Callable[..., Any], tuple[Any, ...]], rank: int, world
             dist.destroy_process_group()
 
 
-def run_world(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 90) -> list[Any]:
+def run_world(
+    fn: Callable[..., Any], world: int, *args: Any, timeout: float = 90, form_world: bool = True
+) -> list[Any]:
     """``fn(rank, world, *args)`` on ``world`` ranks; their return values in rank order.
 
-    ``fn`` must be a module-level function (spawned processes import it by name).
+    ``fn`` must be a module-level function (spawned processes import it by name). With
+    ``form_world=False`` the ranks join no process group first: ``fn`` forms its own (a
+    ``Session``, as in a pod), and no second gloo mesh is formed and torn down for nothing.
     """
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = free_port()
+    port = free_port() if form_world else None
     procs = [
         ctx.Process(target=_rank_main, args=((fn, args), r, world, port, out), daemon=True)
         for r in range(world)

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from elastra_worker import exitcodes
+from elastra_worker.agent import AgentConfig
 from elastra_worker.launcher import free_port
 from elastra_worker.layout import CheckpointRoot, pointer_step
 from elastra_worker.standby import warm_command
@@ -170,10 +171,86 @@ def test_a_90s_grace_lets_a_60s_checkpoint_finish(tmp_path: Path) -> None:
     assert pointer_step(latest.read_bytes(), where=str(latest)) == status["step"]
 
 
+STUCK_TRAINER = textwrap.dedent(
+    """
+    import json, os, pathlib, time
+    control = pathlib.Path(os.environ["ELASTRA_CONTROL_DIR"])
+    (control / "progress-0.json").write_text(json.dumps(
+        {"step": 5, "worldVersion": int(os.environ["ELASTRA_WORLD_VERSION"])}))
+    time.sleep(600)  # blocked in a collective with a peer that is gone: never sees the stop
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("peers_lost", "stop_timeout", "earliest", "latest"),
+    [(True, 60.0, 0.0, 8.0), (False, 4.0, 4.0, 30.0)],
+)
+def test_a_world_that_replaces_lost_members_ends_the_old_trainers_at_once(
+    tmp_path: Path, peers_lost: bool, stop_timeout: float, earliest: float, latest: float
+) -> None:
+    """A new version with ``peersLost``: the old world's trainers, stuck on the dead peer, are
+    ended at once, not after the stop timeout; a planned resize still waits its stop timeout."""
+    write(tmp_path, assignment(1, port=free_port()))
+    command = [sys.executable, "-c", STUCK_TRAINER]
+    proc = start_agent(tmp_path, command, args=("--stop-timeout", str(stop_timeout)))
+    try:
+        progress = tmp_path / "ctl" / "progress-0.json"
+        wait_for(progress.exists, 60, "the trainer's first step")
+        asked = time.monotonic()
+        write(tmp_path, assignment(2, port=free_port(), peersLost=peers_lost))
+        wait_for(lambda: agent_state(tmp_path).get("worldVersion") == 2, latest, "the second world")
+        waited = time.monotonic() - asked
+        assert earliest <= waited < latest, f"the old trainers ended after {waited:.1f}s"
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def test_crashed_trainer_is_retryable(tmp_path: Path) -> None:
     write(tmp_path, assignment(1, port=free_port()))
     proc = start_agent(tmp_path, [sys.executable, "-c", "raise SystemExit(3)"])
     assert proc.wait(timeout=60) == exitcodes.RETRYABLE
+
+
+FAILS_IN_WORLD_1 = textwrap.dedent(
+    """
+    import os, pathlib, sys, time
+    if os.environ["ELASTRA_WORLD_VERSION"] == "1":
+        (pathlib.Path(os.environ["ELASTRA_CONTROL_DIR"]) / "failed-v1").write_text("")
+        sys.exit(int(sys.argv[1]))  # its collective broke: a peer died
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("code", "held"),
+    [(3, 0.0), (exitcodes.PEERS_LOST, AgentConfig.failure_wait_s + 3)],
+    ids=["crash-then-new-world", "collective-failed-lease-still-running"],
+)
+def test_a_survivor_whose_trainer_failed_waits_for_the_world_of_survivors(
+    tmp_path: Path, code: int, held: float
+) -> None:
+    """A trainer fails because a peer died; the new world's assignment reaches this pod
+    ``held`` seconds later: the pod joins it instead of exiting failed (a lost survivor).
+    Past ``failure_wait_s`` only when the trainer ended on a failed collective
+    (``PEERS_LOST``): the operator may need the lost node's Lease to run out first."""
+    write(tmp_path, assignment(1, port=free_port()))
+    proc = start_agent(tmp_path, [sys.executable, "-c", FAILS_IN_WORLD_1, str(code)])
+    try:
+        wait_for((tmp_path / "ctl" / "failed-v1").exists, 60, "the first world's failure")
+        if held:
+            with pytest.raises(subprocess.TimeoutExpired):
+                proc.wait(timeout=held)
+        write(tmp_path, assignment(2, port=free_port(), peersLost=True))
+        wait_for(
+            lambda: agent_state(tmp_path).get("worldVersion") == 2, 30, "the world of survivors"
+        )
+        assert proc.poll() is None, "the pod stays"
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
 
 
 def test_waits_then_runs_serves_metrics_and_stops_on_request(tmp_path: Path) -> None:

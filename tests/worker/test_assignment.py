@@ -55,6 +55,14 @@ def test_full_assignment_round_trips() -> None:
     assert parse_assignment(a.to_json()) == a
 
 
+@pytest.mark.parametrize("lost", [True, False])
+def test_peers_lost_round_trips_and_defaults_to_false(lost: bool) -> None:
+    assert parse_assignment(json.dumps(wire())).peers_lost is False  # an older operator's
+    a = parse_assignment(json.dumps(wire(peersLost=lost)))
+    assert a.peers_lost is lost and "peersLost" not in a.extra
+    assert parse_assignment(a.to_json()) == a
+
+
 def test_full_plan_round_trips() -> None:
     """Every plan field the operator writes (uneven shares, interleaved pipeline stages,
     every rank's coordinates) comes back equal through the wire."""

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import yaml
 
 from elastra_worker import precision
@@ -140,7 +139,6 @@ def test_fp16_trains_through_a_plan_change(tmp_path: Path) -> None:
 
 def _fp16_worlds(rank: int, world: int, root: Path, ports: list[int]) -> list[float]:
     """A tensor-parallel fp16 world moves its loss scale and saves; a data-parallel one loads."""
-    dist.destroy_process_group()  # each Session forms its own world, as in a pod
     scales = []
     for version, plan in enumerate(({"dp": 1, "tp": 2}, {"dp": 2})):
         a = parse_assignment({
@@ -171,7 +169,7 @@ def test_the_fp16_loss_scale_is_checkpointed_and_restored_under_another_plan(
     tmp_path: Path,
 ) -> None:
     ports = port_block(2)
-    scales = run_world(_fp16_worlds, 2, tmp_path, ports, timeout=180)
+    scales = run_world(_fp16_worlds, 2, tmp_path, ports, timeout=180, form_world=False)
     assert scales == [[65536.0, 1024.0]] * 2, "fresh scale, then the one saved at step 2"
 
 

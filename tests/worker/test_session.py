@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from elastra_worker.api import Session
@@ -72,7 +71,7 @@ def test_sampler_starts_at_the_restored_step_and_needs_restore() -> None:
     sess = _session(2, 1)
     with pytest.raises(RuntimeError, match="restore"):
         sess.sampler(dataset_size=50)
-    sess._restore_called, sess._step = True, 3  # what restore() leaves after step 3
+    sess._data.restored_at(3)  # what restore() leaves after step 3
     it = iter(sess.sampler(dataset_size=50))
     assert [next(it) for _ in range(12)] == _expected(sess, 50, 3, 1)[0]
 
@@ -120,7 +119,7 @@ def test_register_errors() -> None:
     sess.register("scaler", torch.amp.GradScaler("cpu"))
     with pytest.raises(PermanentError, match="one GradScaler"):
         sess.register("scaler2", torch.amp.GradScaler("cpu"))
-    sess._restore_called = True
+    sess._state.restored = True  # what restore() leaves
     with pytest.raises(RuntimeError, match=r"after restore\(\)"):
         sess.register("late", _Counter())
     with pytest.raises(RuntimeError, match="before_update"):
@@ -183,7 +182,6 @@ CLIP_PLANS: dict[str, dict[str, Any]] = {
 
 def _clip_under_plans(rank: int, world: int, root: Path, ports: list[int]) -> dict[str, Any]:
     """Two steps of the reference model per plan, clipped hard; the norms and losses."""
-    dist.destroy_process_group()  # each Session forms its own world, as in a pod
     out: dict[str, Any] = {}
     for version, (name, plan) in enumerate(CLIP_PLANS.items()):
         a = parse_assignment({
@@ -212,7 +210,7 @@ def _clip_under_plans(rank: int, world: int, root: Path, ports: list[int]) -> di
 def test_clip_grad_norm_gives_the_same_step_under_every_plan(tmp_path: Path) -> None:
     base = free_ports(len(CLIP_PLANS))  # one master port per plan, none of them ephemeral
     ports = list(range(base, base + len(CLIP_PLANS)))
-    results = run_world(_clip_under_plans, 4, tmp_path, ports, timeout=240)
+    results = run_world(_clip_under_plans, 4, tmp_path, ports, timeout=240, form_world=False)
     norms, losses = results[0]["dp4"]
     assert norms[0] > 0.05, "the test must clip"
     for rank, runs in enumerate(results):
@@ -228,7 +226,6 @@ READS_TO_HOST = ("item", "cpu", "tolist", "__float__")
 
 def _host_reads_per_micro_batch(rank: int, world: int, root: Path, port: int) -> list[int]:
     """Four micro-batches of a data-parallel step: the host reads each one made."""
-    dist.destroy_process_group()  # the Session forms its own world, as in a pod
     a = parse_assignment({
         "job": "sync", "worldVersion": 1, "rank": rank, "worldSize": world,
         "masterAddr": "127.0.0.1", "masterPort": port, "plan": {"microBatchSize": 2, "dp": world},
@@ -272,7 +269,9 @@ def _host_reads_per_micro_batch(rank: int, world: int, root: Path, port: int) ->
 def test_a_micro_batch_reads_nothing_back_to_the_host(tmp_path: Path) -> None:
     """The step's loss stays on the device until the step ends: on a GPU a host read per
     micro-batch would wait for the device every time."""
-    results = run_world(_host_reads_per_micro_batch, 2, tmp_path, free_ports(1), timeout=120)
+    results = run_world(
+        _host_reads_per_micro_batch, 2, tmp_path, free_ports(1), timeout=120, form_world=False
+    )
     assert [len(r) for r in results] == [4, 4]  # 16 sequences, micro-batches of 2, dp 2
     assert results == [[0] * 4, [0] * 4]
 
@@ -316,7 +315,6 @@ def _train_holding_a_save(
 ) -> dict[str, Any]:
     """Train a tiny model with a checkpoint every 2 steps; release the held save of step 2 only
     once the next save is due or the world agreed to stop. What the rank saw and trained."""
-    dist.destroy_process_group()  # the Session forms its own world, as in a pod
     a = parse_assignment({
         "job": "hold", "worldVersion": 1, "rank": rank, "worldSize": world,
         "masterAddr": "127.0.0.1", "masterPort": port, "plan": {"microBatchSize": 2},
@@ -370,7 +368,9 @@ def test_a_background_save_in_flight_completes_before_the_next_or_the_stop(
     tmp_path: Path, name: str
 ) -> None:
     case = DURING_SAVE[name]
-    results = run_world(_train_holding_a_save, 2, tmp_path, free_port(), case, timeout=180)
+    results = run_world(
+        _train_holding_a_save, 2, tmp_path, free_port(), case, timeout=180, form_world=False
+    )
     for rank, got in enumerate(results):
         # training went on to the next save (or the stop) while step 2 was not yet committed
         assert got["seen"] == [(case.released_at, None)], f"rank {rank}"

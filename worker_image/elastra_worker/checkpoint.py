@@ -263,6 +263,11 @@ class Checkpointer:
         self._async.start()
 
     @property
+    def last_background(self) -> SaveResult | None:
+        """The newest background save that committed (its bytes and write seconds), or None."""
+        return self._async_result
+
+    @property
     def in_flight(self) -> int | None:
         """The step of the asynchronous save not yet waited for (running or done), or None."""
         return None if self._async is None else self._async_step

@@ -16,3 +16,11 @@ RETRYABLE = 75
 """Retryable (``EX_TEMPFAIL``): the trainer crashed, the world broke, or a rendezvous timed out.
 The operator should drop this pod from the current world and give it a rank in a new world
 version; the new world resumes from the last good checkpoint."""
+
+PEERS_LOST = 69
+"""A trainer's code only (``EX_UNAVAILABLE``): it ended on an error raised inside
+``torch.distributed``, a collective that failed because a member of its world is gone (its pod
+killed, its node lost). The agent then waits longer for the operator's world of survivors
+(``AgentConfig.peers_lost_wait_s``) before the pod exits ``RETRYABLE``: the operator needs
+the node's Lease to be overdue, or the node controller's grace period, to drop a lost node's
+pods, and a survivor that gave up first would be replaced as a failed pod."""

@@ -15,6 +15,8 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from .downtime import FROM_STORAGE
+
 METRICS_PORT_ENV = "ELASTRA_METRICS_PORT"
 DEFAULT_METRICS_PORT = 9400
 
@@ -58,6 +60,24 @@ class WorkerCollector(Collector):
                 "Step of the last committed checkpoint",
                 progress.get("lastCheckpointStep"),
             ),
+            (
+                "elastra_worker_goodput",
+                "The job's goodput: the fraction of wall time since its first step spent in "
+                "steps it kept (resize gaps and steps lost to a failure are not)",
+                progress.get("goodput"),
+            ),
+            (
+                "elastra_worker_checkpoint_blocking_seconds",
+                "Seconds the newest checkpoint of this world stopped training (staging to host "
+                "memory only, for a background save)",
+                progress.get("checkpointBlockingSeconds"),
+            ),
+            (
+                "elastra_worker_checkpoint_background_seconds",
+                "Seconds the newest background checkpoint took to write and commit while "
+                "training went on",
+                progress.get("checkpointBackgroundSeconds"),
+            ),
             ("elastra_worker_world_version", "World version", state.get("worldVersion")),
             ("elastra_worker_world_size", "Trainer processes in the world", state.get("worldSize")),
             ("elastra_worker_rank", "Global rank of the pod's first trainer", state.get("rank")),
@@ -67,16 +87,27 @@ class WorkerCollector(Collector):
                 g = GaugeMetricFamily(name, doc)
                 g.add_metric([], float(value))
                 yield g
-        downtime = progress.get("resizeDowntimeSeconds")
-        if isinstance(downtime, int | float):
-            g = GaugeMetricFamily(
+        by_source = [
+            (
                 "elastra_worker_resize_downtime_seconds",
                 "Seconds from the end of the step this world resumed from to the end of its "
                 "first step, by where its state came from (absent in a first world)",
-                labels=["state_from"],
-            )
-            g.add_metric([str(progress.get("stateFrom", ""))], float(downtime))
-            yield g
+                str(progress.get("stateFrom", "")),
+                progress.get("resizeDowntimeSeconds"),
+            ),
+            (
+                "elastra_worker_state_loaded_bytes",
+                "Bytes of model and optimizer state this world's restore loaded into the pod's "
+                "first trainer, by where they came from",
+                FROM_STORAGE,
+                progress.get("stateBytesFromStorage"),
+            ),
+        ]
+        for name, doc, source, value in by_source:
+            if isinstance(value, int | float):
+                g = GaugeMetricFamily(name, doc, labels=["state_from"])
+                g.add_metric([source], float(value))
+                yield g
         c = CounterMetricFamily(
             "elastra_worker_trainer_starts", "Trainer processes started by this agent"
         )

@@ -25,12 +25,16 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from .api import Session, StepBatch
 from .assignment import StageLayers, split_layers
+from .errors import PermanentError
+from .parallel.blocks import find_blocks
 from .parallel.fsdp import apply_fsdp
 from .parallel.pipeline import make_pipeline_stages, make_schedule, stage_ids
-from .parallel.recompute import apply_recompute
+from .parallel.recompute import apply_recompute, apply_recompute_or_full
+from .parallel.split import example_inputs, split_points, trace_stages
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -86,7 +90,7 @@ class ParallelModel:
     """This rank's stage modules (one unless interleaved) and, with a pipeline, its schedule."""
 
     session: Session
-    recipe: ModelRecipe
+    loss_fn: LossFn
     parts: list[nn.Module]
     schedule: Any = None
     first_stage: bool = True
@@ -104,7 +108,7 @@ class ParallelModel:
         for micro in batch:
             tokens, targets = data(micro.samples)
             with micro.sync(model):  # the job's precision (autocast) for forward and loss
-                micro.backward(self.recipe.loss_fn(model(tokens), targets))
+                micro.backward(self.loss_fn(model(tokens), targets))
 
     def _pipeline_step(self, batch: StepBatch, data: Callable[[Sequence[int]], Batch]) -> None:
         samples = [s for share in batch.shares for s in share.samples]
@@ -139,9 +143,13 @@ def build_parallel(session: Session, recipe: ModelRecipe) -> ParallelModel:
     held = stage_ids(session.coord.pp_stage, plan.pp, plan.virtual_stages) if plan.pp > 1 else [0]
     parts = [_stage_module(session, recipe, stages, index) for index in held]
     session.adopt(parts)
-    model = ParallelModel(session, recipe, parts)
+    model = ParallelModel(session, recipe.loss_fn, parts)
     if plan.pp > 1:
-        _attach_pipeline(model, held, len(stages))
+        group = session.mesh.sub("pp").get_group()
+        pipeline_stages = make_pipeline_stages(
+            parts, held, plan.pp, plan.virtual_stages, session.device, group
+        )
+        _attach_pipeline(model, held, list(pipeline_stages), len(stages))
     return model
 
 
@@ -162,7 +170,70 @@ def _stage_module(
     return module
 
 
-def _attach_pipeline(model: ParallelModel, held: list[int], num_stages: int) -> None:
+def prepare_parallel(
+    session: Session,
+    model: nn.Module,
+    *,
+    loss_fn: LossFn,
+    example: torch.Tensor | tuple[Any, ...],
+    split: Sequence[str] | None = None,
+    blocks: str | None = None,
+    parallelize: Callable[[nn.Module, DeviceMesh], None] | None = None,
+) -> ParallelModel:
+    """Your whole model under any plan of the session, pipeline plans included.
+
+    Without a pipeline this is ``session.prepare(model, blocks=..., parallelize=...)``. With
+    ``pp`` > 1 the model is cut into stages at module paths (``parallel.split``: the paths in
+    ``split``, else the blocks divided by the plan), this rank keeps its stages, each gets the
+    plan's recomputation and sharding, and a ``torch.distributed.pipelining`` schedule runs
+    them. ``example`` is the model's input for one micro-batch (``plan.micro_batch_size``
+    rows), used to trace it; ``loss_fn(output, targets)`` is the mean loss of a micro-batch,
+    where ``output`` is what the model returns (on the last stage of a pipeline: its tensors,
+    one tensor when it returns one, e.g. a Hugging Face model's logits). With a pipeline the
+    model and ``example`` may be on the CPU: the stages this rank holds move to the session's
+    device. ``example`` and ``split`` matter to pipeline plans only, so that one script takes
+    every plan the job may get. Collective.
+    """
+    plan = session.plan
+    if plan.pp == 1:
+        parts = [session.prepare(model, blocks=blocks, parallelize=parallelize)]
+        return ParallelModel(session, loss_fn, parts)
+    if plan.tp > 1:
+        raise PermanentError(
+            f"plan {plan.label}: a model cut by module path takes pipeline or tensor "
+            "parallelism, not both; build its stages with a ModelRecipe for both"
+        )
+    inputs = example_inputs(example)
+    rows = inputs[0].shape[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
+    if rows != plan.micro_batch_size:
+        raise PermanentError(
+            f"example: expected the inputs of one micro-batch ({plan.micro_batch_size} rows "
+            f"first), got {rows}"
+        )
+    found = find_blocks(model, blocks)
+    stages = plan.pp * plan.virtual_stages
+    points = split_points(found, stages, plan_stages=plan.stages, split=split)
+    held = stage_ids(session.coord.pp_stage, plan.pp, plan.virtual_stages)
+    cut = trace_stages(model, inputs, points)
+    parts = [cut.modules[index].to(session.device) for index in held]
+    for part in parts:
+        apply_recompute_or_full(part, plan.recompute, blocks=found.path)
+        if plan.sharding != "none":
+            apply_fsdp(part, session.mesh.sub("dp"), plan.sharding,
+                       precision=session.precision, blocks=found.path)  # fmt: skip
+    session.adopt(parts)
+    parallel = ParallelModel(session, loss_fn, parts)
+    group = session.mesh.sub("pp").get_group()
+    _attach_pipeline(parallel, held, [cut.stage(i, session.device, group) for i in held], stages)
+    return parallel
+
+
+def _attach_pipeline(
+    model: ParallelModel,
+    held: list[int],
+    pipeline_stages: list[_PipelineStageBase],
+    num_stages: int,
+) -> None:
     session, plan = model.session, model.session.plan
     share = plan.batch_shares[session.dp_rank]
     if share % plan.micro_batch_size:
@@ -175,12 +246,9 @@ def _attach_pipeline(model: ParallelModel, held: list[int], num_stages: int) -> 
 
     def weighted(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         # fp16: times the GradScaler's scale too; _pipeline_step divides both out again
-        return session.scale_loss(model.recipe.loss_fn(output, target) * weight)
+        return session.scale_loss(model.loss_fn(output, target) * weight)
 
-    group = session.mesh.sub("pp").get_group()
-    stages = make_pipeline_stages(
-        model.parts, held, plan.pp, plan.virtual_stages, session.device, group
-    )
-    model.schedule = make_schedule(plan.schedule, stages, share // plan.micro_batch_size, weighted)
+    n_microbatches = share // plan.micro_batch_size
+    model.schedule = make_schedule(plan.schedule, pipeline_stages, n_microbatches, weighted)
     model.first_stage = 0 in held
     model.last_stage = num_stages - 1 in held

@@ -95,3 +95,8 @@ class Reason(StrEnum):
     FAILED_CREATE = "FailedCreate"
     """The API server refused a worker pod (a ResourceQuota, an admission webhook, a
     LimitRange); the batch waits gated and the pass is retried with backoff."""
+
+
+FAILURE_REASONS = (Reason.WORKER_FAILED, Reason.WORKER_LOST, Reason.JOIN_TIMED_OUT)
+"""The resizes that replace members which failed, were lost or never started: the
+replacements count as restarts (``failurePolicy.maxRestarts``)."""

@@ -173,6 +173,13 @@ class ProgressStatus(StatusModel):
     last_checkpoint_step: int | None = Field(
         default=None, ge=0, description="Step of the last committed checkpoint."
     )
+    goodput_percent: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Percent of wall time since the job's first step spent in steps it kept "
+        "(resize gaps and steps lost to failures are not), as rank 0 measures it.",
+    )
 
 
 class ResizeRecord(StatusModel):
@@ -197,6 +204,15 @@ class ResizeRecord(StatusModel):
     state_from: Annotated[str, StringConstraints(max_length=16)] | None = Field(
         default=None,
         description="Where the new world's state came from: storage (the committed checkpoint).",
+    )
+    peers_lost: bool | None = Field(
+        default=None,
+        description=(
+            "True when the new world dropped members that could not stop with the world "
+            "before (their trainers exited, their node or pod was gone, or they never "
+            "started): its survivors ended their trainers without a checkpoint. Unset when "
+            "the world before stopped together."
+        ),
     )
 
 

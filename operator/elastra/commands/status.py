@@ -85,6 +85,11 @@ def unusable_nodes(nodes: Sequence[dict[str, Any]]) -> list[ExcludedNode] | str:
     return [n for n in inventory.excluded if n.category in GPU_EXCLUSIONS]
 
 
+def _goodput(percent: int | None) -> str:
+    """The progress line's goodput part (rank 0's figure; absent before a world's second step)."""
+    return "" if percent is None else f", goodput {percent}%"
+
+
 def render(
     job: TrainingJob,
     events: list[dict[str, Any]],
@@ -102,7 +107,8 @@ def render(
         + f", in world {world.replicas}, ready {status.ready_replicas}",
         f"  world: v{world.version}, {world.size} ranks; restarts {status.restarts}",
         f"  progress: step {status.progress.step}, {status.progress.samples_per_second} "
-        f"samples/s, last checkpoint step {status.progress.last_checkpoint_step}",
+        f"samples/s, last checkpoint step {status.progress.last_checkpoint_step}"
+        + _goodput(status.progress.goodput_percent),
     ]
     asked = status.capacity_request
     if asked is not None:

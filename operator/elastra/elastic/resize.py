@@ -109,6 +109,10 @@ class ResizeInput:
     suspended: bool = False
     growth: GrowthEstimate | None = None
     move: Move | None = None
+    node_lost_at: datetime | None = None
+    """When the operator last saw a node deleted. A deleted node's pods may vanish (the pod
+    garbage collector removes them) before the other nodes of the same rack are deleted, and
+    a vanished pod has no time of its own: the settle window counts from this too."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,11 @@ class ResizeDecision:
     degraded: bool = False
     completed: bool = False
     recheck_after: Requeue = Requeue.NEVER
+    peers_lost: bool = False
+    """The new world drops members that cannot stop with the world before (their trainers
+    exited, their node or pod is gone, or they never started): that world's stop is a
+    collective with them, so its survivors end their trainers at once. A member deleted
+    gracefully on a live node checkpoints with its world, and ``peers_lost`` stays False."""
 
     @property
     def resizes(self) -> bool:
@@ -188,7 +197,7 @@ def _decide(inp: ResizeInput, policy: ResizePolicy) -> ResizeDecision:
     if late:
         return _with_deletes(_drop_late(inp, policy, workers, late), done_retiring)
     if broken or gone:
-        latest = max((w.since for w in broken), default=inp.now - policy.settle)
+        latest = _last_break(inp, broken, policy)
         if inp.now - latest < policy.settle:
             return ResizeDecision(
                 world=None,
@@ -208,6 +217,15 @@ def _decide(inp: ResizeInput, policy: ResizePolicy) -> ResizeDecision:
         )
 
     return _with_deletes(_steady_or_resize(inp, policy, workers), done_retiring)
+
+
+def _last_break(inp: ResizeInput, broken: list[WorkerView], policy: ResizePolicy) -> datetime:
+    """When the latest break of the burst happened: a broken member's own time, or a node's
+    deletion (a rack going away node by node; its pods may already have vanished)."""
+    times = [w.since for w in broken]
+    if inp.node_lost_at is not None:
+        times.append(inp.node_lost_at)
+    return max(times, default=inp.now - policy.settle)
 
 
 def _gone(inp: ResizeInput, members: list[WorkerView], broken: list[WorkerView]) -> list[PodName]:
@@ -400,7 +418,13 @@ def _reform_without_broken(
     reason = Reason.WORKER_LOST if lost or gone else Reason.WORKER_FAILED
     names = _listing(sorted([w.pod for w in broken] + gone))
     return _reform_without(
-        inp, workers, broken, reason=reason, stopped=f"lost {names}", going_on=f"dropped {names}"
+        inp,
+        workers,
+        broken,
+        reason=reason,
+        stopped=f"lost {names}",
+        going_on=f"dropped {names}",
+        peers_lost=bool(gone) or any(w.dead for w in broken),
     )
 
 
@@ -412,12 +436,14 @@ def _reform_without(
     reason: Reason,
     stopped: str,
     going_on: str,
+    peers_lost: bool,
 ) -> ResizeDecision:
     """A new world of the members left and the Ready standby pods, without ``out`` (deleted
     unless already going away); below ``minimum``, no world and Degraded.
 
     Members still starting stay: a first world loses only the pods that broke or timed out.
-    ``stopped`` and ``going_on`` open the message of each outcome.
+    ``stopped`` and ``going_on`` open the message of each outcome; ``peers_lost``: see
+    ``ResizeDecision``.
     """
     removed = {w.pod for w in out}
     world = set(inp.world)
@@ -446,6 +472,7 @@ def _reform_without(
         reason=reason,
         message=f"{going_on}; continuing on {len(pods)} workers",
         delete=dead,
+        peers_lost=peers_lost,
     )
 
 
@@ -484,7 +511,13 @@ def _drop_late(
     waited = policy.join_timeout.total_seconds()
     why = f"{names} did not start while the world waited {waited:.0f}s for it"
     return _reform_without(
-        inp, workers, late, reason=Reason.JOIN_TIMED_OUT, stopped=why, going_on=why
+        inp,
+        workers,
+        late,
+        reason=Reason.JOIN_TIMED_OUT,
+        stopped=why,
+        going_on=why,
+        peers_lost=True,  # the members that are running wait for them in the rendezvous
     )
 
 

@@ -77,6 +77,16 @@ class WorkerView:
     unschedulable: bool = False
     retiring_since: datetime | None = None
     """When the pod was told to checkpoint and stop (it left the world); ``None``: it wasn't."""
+    node_down: bool = False
+    """Its node is gone or NotReady: a pod being deleted there is not running its trainers."""
+
+    @property
+    def dead(self) -> bool:
+        """Its trainers are not running: they exited, or their node or pod is gone. A pod
+        deleted gracefully on a live node is not: its agent checkpoints with its world."""
+        if self.state is WorkerState.TERMINATING:
+            return self.node_down
+        return self.state in (WorkerState.FAILED, WorkerState.LOST)
 
     @property
     def healthy(self) -> bool:
@@ -96,6 +106,11 @@ class NodeHealth:
     exists: bool
     ready: bool
     schedulable: bool
+
+    @property
+    def down(self) -> bool:
+        """Gone or NotReady: its pods are lost (or, being deleted, not running)."""
+        return not (self.exists and self.ready)
 
 
 def classify(
@@ -119,7 +134,7 @@ def classify(
         return WorkerState.SUCCEEDED
     if phase == "Failed":
         return WorkerState.LOST if reason in ("Evicted", "Preempted") else WorkerState.FAILED
-    if node is not None and (not node.exists or not node.ready):
+    if node is not None and node.down:
         return WorkerState.LOST
     if gated:
         return WorkerState.GATED

@@ -58,6 +58,22 @@ def nodes_informer(
     return Informer(kube, "/api/v1/nodes", transform=transform, watch_timeout_s=watch_timeout_s)
 
 
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+"""Where each kubelet keeps its node's Lease (named for the node), renewed every 10 s."""
+
+
+def node_leases_informer(
+    kube: Kube, transform: Callable[[JsonDict], JsonDict], *, watch_timeout_s: float
+) -> Informer:
+    """Every node's Lease, watched (``transform``: what of a Lease the cache keeps)."""
+    return Informer(
+        kube,
+        lease_path(NODE_LEASE_NAMESPACE),
+        transform=transform,
+        watch_timeout_s=watch_timeout_s,
+    )
+
+
 def pods_informer(
     kube: Kube,
     transform: Callable[[JsonDict], JsonDict],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -264,6 +265,54 @@ def test_failed_worker_is_dropped_replaced_and_counted() -> None:
     assert reasons == [("WorldFormed", 4), ("WorkerFailed", 3), ("ScaledUp", 4)]
     assert status.world.version == 3
     assert len(cluster.pods) == 4, "the failed pod was deleted, one replacement created"
+
+
+def _fail(cluster: FakeCluster, name: str) -> None:
+    cluster.fail(name, 75)
+
+
+def _delete(cluster: FakeCluster, name: str) -> None:
+    cluster.pods[name]["metadata"]["deletionTimestamp"] = cluster.stamp()
+
+
+def _delete_on_a_lost_node(cluster: FakeCluster, name: str) -> None:
+    node = cluster.pods[name]["spec"]["nodeName"]
+    cluster.nodes = [n for n in cluster.nodes if n["metadata"]["name"] != node]
+    _delete(cluster, name)
+
+
+@pytest.mark.parametrize(
+    ("leave", "reason", "peers_lost"),
+    [
+        (_fail, "WorkerFailed", True),
+        (_delete, "WorkerLost", False),  # kubectl delete pod: it checkpoints with its world
+        (_delete_on_a_lost_node, "WorkerLost", True),
+    ],
+)
+def test_the_survivors_are_told_when_their_peers_are_lost(
+    leave: Callable[[FakeCluster, str], None], reason: str, peers_lost: bool
+) -> None:
+    """The world of survivors says ``peersLost`` (their old trainers are ended at once) when the
+    member it drops cannot stop with them, in its assignment and its resize record; a member
+    deleted gracefully on a live node can, and the planned grow after it does not either."""
+    cluster = FakeCluster(job(), h100s(4), SETTINGS)
+    cluster.converge()
+    assert not any(assignment(cluster, name)["peersLost"] for name in cluster.pods)
+    leave(cluster, "gpt-w1")
+    for _ in range(20):  # passes until the settle window has passed and the world is recorded
+        if cluster.job.status.resizes[-1].reason == reason:
+            break
+        cluster.step()
+    survivors = cluster.job.status.world.ranks
+    last = cluster.job.status.resizes[-1]
+    assert (last.reason, len(survivors)) == (reason, 3)
+    assert bool(last.peers_lost) is peers_lost
+    assert [assignment(cluster, name)["peersLost"] for name in survivors] == [peers_lost] * 3
+    cluster.pods.pop("gpt-w1", None)  # the kubelet ends it
+    cluster.nodes = h100s(4)
+    cluster.converge()  # the replacement joins: a planned grow
+    assert cluster.job.status.resizes[-1].reason == "ScaledUp"
+    assert not any(assignment(cluster, n)["peersLost"] for n in cluster.job.status.world.ranks)
 
 
 def test_permanent_exit_code_fails_the_job() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import resource
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -209,3 +210,22 @@ def test_the_last_resize_gains_its_downtime_once_and_the_histogram_counts_it() -
     metrics.observe_downtime(before, status)
     metrics.observe_downtime(status.to_wire(), status)  # the next pass: already counted
     assert downtime_sum() - start == pytest.approx(4.5)
+
+
+@pytest.mark.parametrize(
+    ("reported", "percent"),
+    [
+        ({"goodput": 0.8734}, 87),
+        ({"goodput": 1.0}, 100),
+        ({"goodput": 1.5}, None),  # no fraction: a broken worker, not recorded
+        ({}, None),  # before a world's second step
+    ],
+)
+def test_the_goodput_a_worker_exports_is_recorded_in_percent(
+    reported: dict[str, Any], percent: int | None
+) -> None:
+    cluster = running()
+    read = parse_metrics(worker_page({"step": 9, "samplesPerSecond": 3.0, **reported}))
+    assert read is not None
+    current = dataclasses.replace(read, world_version=1)
+    assert pass_with(cluster, current).goodput_percent == percent

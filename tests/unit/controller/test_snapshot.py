@@ -243,3 +243,26 @@ def test_priority_classes_reach_every_pass_as_numbers_and_follow_their_watch() -
     snap.classes.apply({"type": "ADDED", "object": base})
     assert snap.read().priorities.of(None) == 5
     assert snap.read().nodes is first.nodes, "the other listings are kept"
+
+
+def test_a_node_declared_unresponsive_is_read_not_ready_until_cleared() -> None:
+    """``nodeliveness`` marks a node: every pass reads it NotReady (its pods lost, no capacity)
+    with the reason and message, and as it is once the mark is cleared."""
+    snap = synced_snapshot()
+    before = snap.read().nodes
+    assert _node_health(before)["n1"].ready and free_gpus(snap.read()) == 8
+    assert snap.declare_unresponsive("n1", "node n1: Lease not renewed for 13 s ...")
+    assert not snap.declare_unresponsive("n1", "again"), "declared once"
+    (marked,) = snap.read().nodes
+    ready = [c for c in marked["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready == [
+        {
+            "type": "Ready",
+            "status": "Unknown",
+            "reason": "NodeUnresponsive",
+            "message": "node n1: Lease not renewed for 13 s ...",
+        }
+    ]
+    assert not _node_health(snap.read().nodes)["n1"].ready and free_gpus(snap.read()) == 0
+    assert snap.clear_unresponsive("n1") and not snap.clear_unresponsive("n1")
+    assert snap.read().nodes == before

@@ -67,6 +67,7 @@ def run(
     last_resize: datetime | None = None,
     suspended: bool = False,
     growth: GrowthEstimate | None = None,
+    node_lost_at: datetime | None = None,
 ) -> object:
     return decide(
         ResizeInput(
@@ -79,6 +80,7 @@ def run(
             last_resize=last_resize,
             suspended=suspended,
             growth=growth,
+            node_lost_at=node_lost_at,
         ),
         POLICY,
     )
@@ -225,6 +227,21 @@ def test_burst_of_failures_waits_for_settle_then_one_resize() -> None:
     assert later.delete == frozenset(world(1, 4, 7))
 
 
+def test_a_member_whose_pod_vanished_with_its_node_waits_for_the_rest_of_the_rack() -> None:
+    """The pod garbage collector removed the pod of a deleted node (it has no time of its own)
+    while the rack's other nodes are still being deleted: the settle window counts from the
+    last node deletion the operator saw, so the rack is one resize."""
+    now = T0 + timedelta(minutes=5)
+    workers = [worker(i) for i in (0, 2, 3, 4, 5)]  # job-w1 vanished
+    current = world(*range(6))
+    early = run(workers, desired=6, minimum=2, current=current, now=now,
+                node_lost_at=now - timedelta(seconds=0.5))  # fmt: skip
+    assert early.world is None and early.recheck_after == Requeue.after(timedelta(seconds=1.5))
+    later = run(workers, desired=6, minimum=2, current=current, now=now,
+                node_lost_at=now - timedelta(seconds=3))  # fmt: skip
+    assert later.world == world(0, 2, 3, 4, 5) and later.reason is Reason.WORKER_LOST
+
+
 def test_failed_worker_is_dropped_and_replaced() -> None:
     workers = [worker(0), worker(1, WorkerState.FAILED), worker(2)]
     d = run(workers, desired=3, current=world(0, 1, 2))
@@ -267,6 +284,31 @@ def test_a_member_of_a_world_that_has_not_started_is_created_again_when_it_fits(
 def test_pod_vanished_from_the_world_counts_as_lost() -> None:
     d = run([worker(0), worker(1)], desired=3, current=world(0, 1, 2))
     assert d.world == world(0, 1) and d.reason is Reason.WORKER_LOST
+
+
+@pytest.mark.parametrize(
+    ("dropped", "peers_lost"),
+    [
+        (WorkerState.FAILED, True),  # its trainers exited
+        (WorkerState.LOST, True),  # its node is gone or NotReady, or it was evicted
+        (WorkerState.TERMINATING, False),  # deleted gracefully: it checkpoints with its world
+        ("terminating on a node that is down", True),
+        ("vanished", True),  # the pod is gone (a force delete)
+    ],
+)
+def test_the_new_world_says_whether_the_one_before_can_stop_together(
+    dropped: WorkerState | str, peers_lost: bool
+) -> None:
+    """``peers_lost`` (the survivors end their trainers at once) only when a dropped member
+    cannot take part in the old world's stop."""
+    workers = [worker(0), worker(1)]
+    if isinstance(dropped, WorkerState):
+        workers.append(worker(2, dropped))
+    elif dropped.startswith("terminating"):
+        workers.append(replace(worker(2, WorkerState.TERMINATING), node_down=True))
+    d = run(workers, desired=3, current=world(0, 1, 2))
+    assert d.world == world(0, 1)
+    assert d.peers_lost is peers_lost
 
 
 def test_unschedulable_past_grace_is_deleted() -> None:

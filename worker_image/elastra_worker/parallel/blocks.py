@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch import nn
+from torch.export.unflatten import InterpreterModule
 
 from elastra_worker.errors import PermanentError
 
@@ -45,7 +46,9 @@ BY_KNOWN_PATH = "a known path"
 BY_SEARCH = "the search"
 """How the blocks were found (``Blocks.found_by``)."""
 
-_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential, InterpreterModule)
+"""Containers of blocks; ``InterpreterModule`` is what a container becomes in a pipeline stage
+cut by the tracer (``parallel.split``): its children are the stage's blocks."""
 _SEARCHED = (nn.ModuleList, nn.ModuleDict)
 
 

@@ -100,7 +100,7 @@ def make_pipeline_stages(  # noqa: PLR0917 (the agreed positional interface)
 
 def make_schedule(
     kind: Schedule,
-    pipeline_stages: list[PipelineStage],
+    pipeline_stages: Sequence[_PipelineStageBase],
     n_microbatches: int,
     loss_fn: LossFn,
 ) -> PipelineScheduleSingle | PipelineScheduleMulti:

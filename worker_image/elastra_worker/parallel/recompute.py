@@ -12,6 +12,7 @@ checkpoints, ``init_weights`` and the pipeline split) are the same in every mode
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 from torch import nn
@@ -20,6 +21,8 @@ from torch.utils.checkpoint import checkpoint
 from elastra_worker.assignment import RECOMPUTES, Recompute
 from elastra_worker.errors import PermanentError
 from elastra_worker.parallel.blocks import find_blocks
+
+log = logging.getLogger(__name__)
 
 _MARK = "_elastra_recompute"
 SELECTIVE_PATH = "attention.core"
@@ -70,3 +73,30 @@ def _attention_core(name: str, block: nn.Module) -> nn.Module:
             f"`{SELECTIVE_PATH}` submodule (the attention core the reference model has) to "
             "recompute; recompute full works on any block"
         ) from None
+
+
+def apply_recompute_or_full(model: nn.Module, mode: Recompute, *, blocks: str | None) -> None:
+    """``apply_recompute`` for a model of any layout: "selective" recomputes whole blocks
+    ("full") where they have no ``attention.core`` to recompute, and says so once.
+
+    Full recomputation keeps less than selective, so the memory the plan counts on holds;
+    the price is a second forward of the whole block instead of its attention core.
+    """
+    if mode == "selective":
+        found = find_blocks(model, blocks)
+        if not all(_has(block, SELECTIVE_PATH) for block in found.modules()):
+            log.warning(
+                "recompute selective: the blocks at %s (%s) have no `%s` submodule to "
+                "recompute alone; recomputing whole blocks (full) instead",
+                found.path, type(found.modules()[0]).__name__, SELECTIVE_PATH,
+            )  # fmt: skip
+            mode = "full"
+    apply_recompute(model, mode, blocks=blocks)
+
+
+def _has(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True

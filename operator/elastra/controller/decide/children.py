@@ -77,12 +77,28 @@ class _Writer:
                 ),
             )
         return assignment_json(
-            job, version=world.version, rank=rank, stop=retiring, settings=self.settings
+            job,
+            version=world.version,
+            rank=rank,
+            stop=retiring,
+            settings=self.settings,
+            peers_lost=rank is not None and self._peers_lost,
         )
 
     def leader(self, name: str, *, retiring: bool) -> bool:
         """Whether pod ``name`` is the recorded world's rank 0 (labelled for its Service)."""
         return not retiring and name in self.status.world.ranks and name == self._leader
+
+    @cached_property
+    def _peers_lost(self) -> bool:
+        """The recorded world dropped members that could not stop with the one before (its
+        last resize says so)."""
+        last = self.status.resizes[-1] if self.status.resizes else None
+        return (
+            last is not None
+            and last.to_version == self.status.world.version
+            and bool(last.peers_lost)
+        )
 
     @cached_property
     def _leader(self) -> str:

@@ -145,8 +145,10 @@ def assignment_json(
     rank: RankSpec | None,
     stop: bool,
     settings: OperatorSettings,
+    peers_lost: bool = False,
 ) -> str:
-    """The ``elastra.dev/assignment`` annotation: in a world (``rank``), waiting, or stopping."""
+    """The ``elastra.dev/assignment`` annotation: in a world (``rank``), waiting, or stopping;
+    ``peers_lost``: the world replaces members that were lost or failed."""
     spec = job.spec
     local = spec.worker.ranks_per_pod
     checkpoint = CheckpointPolicy(
@@ -174,6 +176,7 @@ def assignment_json(
         stop=stop,
         precision=spec.training.precision.value,
         gpus=spec.worker.gpus,
+        peers_lost=peers_lost,
     ).to_json()
 
 

@@ -150,6 +150,7 @@ def pod_facts(
         exit_code=None if terminated is None else _int(terminated.get("exitCode"), None),
         unschedulable=scheduled.get("reason") == "Unschedulable",
         retiring_since=parse_time(retired, now) if retired else None,
+        node_down=node is not None and node.down,
     )
     return PodFacts(
         view=view,
@@ -300,6 +301,7 @@ GAUGES = {
     "elastra_worker_last_checkpoint_step": "last_checkpoint_step",
     "elastra_worker_world_version": "world_version",
     "elastra_worker_resize_downtime_seconds": "resize_downtime_s",
+    "elastra_worker_goodput": "goodput",
 }
 STATE_SOURCES = ("storage",)
 """Where a new world's state can come from (``elastra_worker.downtime``); anything else a
@@ -318,6 +320,8 @@ class WorkerProgress:
     """The world's resume gap (``elastra_worker.downtime``); ``None`` in a first world."""
     state_from: str | None = None
     """Where that world's state came from (the gauge's ``state_from`` label)."""
+    goodput: float | None = None
+    """The job's goodput as rank 0 measures it (``elastra_worker.downtime``), a fraction."""
 
 
 def parse_metrics(text: str) -> WorkerProgress | None:
@@ -342,7 +346,7 @@ def parse_metrics(text: str) -> WorkerProgress | None:
             value = float(rest.split()[0])
         except (IndexError, ValueError):
             continue
-        if math.isfinite(value) and value >= 0:
+        if math.isfinite(value) and value >= 0 and (key != "goodput" or value <= 1):
             values[key] = value
     if "step" not in values:
         return None
@@ -355,6 +359,7 @@ def parse_metrics(text: str) -> WorkerProgress | None:
         world_version=int(version) if version is not None else None,
         resize_downtime_s=values.get("resize_downtime_s"),
         state_from=state_from if state_from in STATE_SOURCES else None,
+        goodput=values.get("goodput"),
     )
 
 

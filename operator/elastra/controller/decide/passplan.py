@@ -46,7 +46,7 @@ from elastra.api import (
     TrainingJobStatus,
     WorldStatus,
 )
-from elastra.api.reasons import Reason
+from elastra.api.reasons import FAILURE_REASONS, Reason
 from elastra.controller.decide import admission, capacity_requests, lifetime, sharing
 from elastra.controller.decide.admission import Gate, Hold
 from elastra.controller.decide.capacity import cluster_inventory
@@ -95,7 +95,6 @@ from elastra.requeue import Requeue
 
 JsonDict = Mapping[str, Any]
 MAX_RESIZE_HISTORY = 20
-FAILURE_REASONS = (Reason.WORKER_FAILED, Reason.WORKER_LOST, Reason.JOIN_TIMED_OUT)
 
 
 @dataclass(frozen=True)
@@ -218,6 +217,8 @@ class _Pass:
     note: tuple[str, str] | None
     """Admission's word for the Admitted condition (see ``admission.admitted_note``)."""
     progress: WorkerProgress | None
+    node_lost_at: datetime | None
+    """When a node was last seen deleted (``ResizeInput.node_lost_at``)."""
 
 
 def _running(
@@ -254,6 +255,7 @@ def _running(
         hold=hold,
         note=admission.admitted_note(obs.job, gate),
         progress=obs.progress,
+        node_lost_at=max(obs.lost_nodes.values(), default=None),
     )
     placement, backoff_left = _placement(ctx)
     impossible = (
@@ -320,6 +322,7 @@ def _resize_input(
         suspended=ctx.hold is not None,
         growth=_growth(ctx) if len(status.world.ranks) < desired else None,
         move=move[0] if move else None,
+        node_lost_at=ctx.node_lost_at,
     )
 
 
@@ -425,7 +428,7 @@ def _record_world(ctx: _Pass, decision: ResizeDecision, placement: Placement) ->
         formed, pods = None, () if failed else tuple(status.world.ranks)
     if formed is None and pods == tuple(status.world.ranks):
         return _WorldStep(status, problem=problem)
-    recorded = _with_world(ctx, formed, decision.reason, members, failed=failed)
+    recorded = _with_world(ctx, formed, decision, members, failed=failed)
     warn = failed or decision.degraded or problem is not None
     message = f"world v{recorded.world.version}: {problem or decision.message}"
     if formed is not None and (note := micro_batch_note(ctx.job)):
@@ -476,12 +479,13 @@ def _form(planner: JobPlanner, members: list[PodFacts]) -> RankedWorld | None:
 def _with_world(
     ctx: _Pass,
     formed: RankedWorld | None,
-    reason: Reason,
+    decision: ResizeDecision,
     members: Mapping[str, PodFacts],
     *,
     failed: bool,
 ) -> TrainingJobStatus:
-    """The job's status with ``formed`` as its next world (none: ``None``), and the resize."""
+    """The job's status with ``formed`` as its next world (none: ``None``), and the resize
+    that ``decision`` made."""
     status = ctx.job.status
     old = status.world
     world = WorldStatus(
@@ -495,8 +499,9 @@ def _with_world(
         to_version=world.version,
         from_replicas=old.replicas,
         to_replicas=world.replicas,
-        reason=reason.value,
+        reason=decision.reason.value,
         time=format_time(ctx.now),
+        peers_lost=True if decision.peers_lost else None,
     )
     return status.model_copy(
         update={
@@ -841,6 +846,7 @@ def _progress(
         step=read.step,
         samples_per_second=round(read.samples_per_second),
         last_checkpoint_step=read.last_checkpoint_step,
+        goodput_percent=None if read.goodput is None else round(read.goodput * 100),
     )
 
 

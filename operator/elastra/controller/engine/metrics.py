@@ -32,6 +32,12 @@ RESIZE_DOWNTIME = Histogram(
     buckets=(1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600),
 )
 RESTARTS = Gauge("elastra_job_restarts", "Failure-driven restarts per job", ["namespace", "job"])
+GOODPUT = Gauge(
+    "elastra_job_goodput_ratio",
+    "Fraction of wall time since a job's first step spent in steps it kept, as its rank 0 "
+    "measured it (status.progress.goodputPercent)",
+    ["namespace", "job"],
+)
 LEADER = Gauge("elastra_leader", "1 while this operator holds the Lease and may write")
 SYNCED = Gauge(
     "elastra_caches_synced", "1 once the node, pod and TrainingJob caches have their first list"
@@ -41,17 +47,20 @@ _phases: dict[tuple[str, str], Phase] = {}
 
 
 def observe_job(namespace: str, name: str, status: TrainingJobStatus) -> None:
-    """Record a job's phase and restarts after a pass."""
+    """Record a job's phase, restarts and goodput after a pass."""
     _phases[(namespace, name)] = status.phase or Phase.PENDING
     RESTARTS.labels(namespace=namespace, job=name).set(status.restarts)
+    if status.progress.goodput_percent is not None:
+        GOODPUT.labels(namespace=namespace, job=name).set(status.progress.goodput_percent / 100)
     _publish()
 
 
 def forget_job(namespace: str, name: str) -> None:
     """A job was deleted: stop counting it."""
     _phases.pop((namespace, name), None)
-    with contextlib.suppress(KeyError):
-        RESTARTS.remove(namespace, name)
+    for gauge in (RESTARTS, GOODPUT):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, name)
     _publish()
 
 

@@ -3,8 +3,9 @@ and liveness.
 
 The informers (nodes, pods, TrainingJobs, PriorityClasses; see ``snapshot``) run as tasks
 beside Kopf and wake the job loops and the node warnings (``nodewarnings``: a Warning Event,
-once, on a Node whose GPUs cannot be planned with); Kopf runs the Workload handler, peering
-and the liveness endpoint.
+once, on a Node whose GPUs cannot be planned with); the node liveness task (``nodeliveness``)
+watches the node Leases and declares a node lost within seconds when its Lease is overdue and
+its workers silent; Kopf runs the Workload handler, peering and the liveness endpoint.
 
 Kopf's own watch streams log in with the same credentials as Elastra's API client (a login
 handler hands Kopf the connection ``elastra.kube.config`` loaded), so the operator never
@@ -35,6 +36,7 @@ from elastra.controller.decide.placeholders import priority_class
 from elastra.controller.engine import metrics
 from elastra.controller.engine.handlers import Runtime, register
 from elastra.controller.engine.leader import LeaderElector, identity
+from elastra.controller.engine.nodeliveness import NodeLiveness
 from elastra.controller.engine.nodewarnings import NodeWarnings
 from elastra.controller.engine.progress import ProgressReader
 from elastra.controller.engine.snapshot import ClusterSnapshot
@@ -111,11 +113,15 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
     warnings = NodeWarnings(kube=kube, snapshot=snapshot, leader=leader)
     warnings.listen()
     informing.append(asyncio.create_task(warnings.run(), name="node warnings"))
+    liveness = NodeLiveness.watching(
+        kube, snapshot, leader=leader, settings=rt.settings, wake_jobs=rt.poke_all
+    )
+    informing.append(asyncio.create_task(liveness.run(), name="node liveness"))
     registry = kopf.OperatorRegistry()
     register(registry)
     _register_login(registry, options.connection)
     namespaces = [options.settings.namespace] if options.settings.namespace else []
-    liveness = f"http://0.0.0.0:{options.health_port}/healthz" if options.health_port else None
+    endpoint = f"http://0.0.0.0:{options.health_port}/healthz" if options.health_port else None
     try:
         await kopf.operator(
             registry=registry,
@@ -125,7 +131,7 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
             standalone=options.peering is None,
             peering_name=options.peering,
             priority=options.priority,
-            liveness_endpoint=liveness,
+            liveness_endpoint=endpoint,
             memo=kopf.Memo(runtime=rt),
             stop_flag=stop,
         )

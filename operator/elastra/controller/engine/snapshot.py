@@ -19,6 +19,11 @@ A reservation ends when the pods informer reports the pod (added, changed or del
 then on the cache tells the truth), when its create fails, or ``RESERVATION_TTL_S`` after
 its create returned, so a pod the watch never reports (created and deleted across a relist)
 cannot hold capacity forever.
+
+A node the operator declared lost before the node controller did (``nodeliveness``: its Lease
+overdue and its workers silent) is read as NotReady (``unresponsive``), by the policy, which
+counts its pods lost, and by the planner, which places nothing there, until its Lease is
+renewed again or the node controller's own condition takes over.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from elastra.controller.decide.memo import PerObject
 from elastra.controller.decide.observe import slim_node, slim_pod
 from elastra.controller.decide.placeholders import requester
 from elastra.controller.decide.sharing import priorities
+from elastra.elastic.liveness import NODE_UNRESPONSIVE
 from elastra.elastic.share import NO_CLASSES, Priorities
 from elastra.kube import resources
 from elastra.kube.client import JsonDict, Kube
@@ -106,13 +112,16 @@ class ClusterSnapshot:
     classes: Informer | None = None
     """PriorityClasses; ``None`` when nothing reads them (sharing off)."""
     _cluster: ClusterState = field(default_factory=lambda: ClusterState((), (), ()))
-    _built: tuple[int, int, int, int] = (-1, -1, -1, -1)
+    _built: tuple[int, int, int, int, int] = (-1, -1, -1, -1, -1)
     _reserved: dict[Key, _Reservation] = field(default_factory=dict)
     _slim: PerObject[JsonDict, JsonDict] = field(default_factory=lambda: PerObject(slim_pod))
     """Each cached pod's ``slim_pod``: a read re-slims only the pods that changed."""
     _lost_nodes: dict[str, datetime] = field(default_factory=dict)
     _status_written: dict[Key, datetime] = field(default_factory=dict)
     """When this operator last wrote each job's status (for ``pacing``), until the job goes."""
+    _unresponsive: dict[str, str] = field(default_factory=dict)
+    """Nodes declared lost by ``nodeliveness`` -> why (the Ready condition's message)."""
+    _unresponsive_changes: int = 0
 
     def __post_init__(self) -> None:
         self.pods.listeners.append(self._pod_seen)
@@ -173,18 +182,22 @@ class ClusterSnapshot:
         """New tuples for the informers that changed since the last read, and only for them."""
         nodes, pods, jobs = self.nodes.version, self.pods.version, self.jobs.version
         classes = -1 if self.classes is None else self.classes.version
-        if (nodes, pods, jobs, classes) == self._built:
+        marks = self._unresponsive_changes
+        if (nodes, pods, jobs, classes, marks) == self._built:
             return
         was = self._cluster
+        same_nodes = (nodes, marks) == (self._built[0], self._built[4])
         self._cluster = ClusterState(
-            nodes=was.nodes if nodes == self._built[0] else tuple(self.nodes.items()),
+            nodes=was.nodes
+            if same_nodes
+            else tuple(unresponsive(n, self._unresponsive) for n in self.nodes.items()),
             pods=was.pods if pods == self._built[1] else tuple(self._slim.map(self.pods.items())),
             jobs=was.jobs if jobs == self._built[2] else tuple(self.jobs.items()),
             priorities=was.priorities
             if classes == self._built[3] or self.classes is None
             else priorities(self.classes.items()),
         )
-        self._built = (nodes, pods, jobs, classes)
+        self._built = (nodes, pods, jobs, classes, marks)
 
     def job(self, namespace: str, name: str) -> JsonDict | None:
         """The cached TrainingJob, or ``None``."""
@@ -270,6 +283,26 @@ class ClusterSnapshot:
         }
         self._lost_nodes.setdefault(name, when)
 
+    def declare_unresponsive(self, name: str, why: str) -> bool:
+        """Read node ``name`` as NotReady, for ``why``, from now on; False if it already was."""
+        if name in self._unresponsive:
+            return False
+        self._unresponsive[name] = why
+        self._unresponsive_changes += 1
+        return True
+
+    def clear_unresponsive(self, name: str) -> bool:
+        """Read node ``name`` as it is again (its Lease renewed); False if it was not marked."""
+        if self._unresponsive.pop(name, None) is None:
+            return False
+        self._unresponsive_changes += 1
+        return True
+
+    @property
+    def unresponsive_nodes(self) -> Mapping[str, str]:
+        """The nodes declared lost, and why."""
+        return dict(self._unresponsive)
+
     def _job_seen(self, kind: str, old: JsonDict | None, new: JsonDict | None) -> None:
         """A job that is gone has no status to pace."""
         if new is None and old is not None:
@@ -278,3 +311,16 @@ class ClusterSnapshot:
     def _pod_seen(self, kind: str, old: JsonDict | None, new: JsonDict | None) -> None:
         """The pods informer reported a pod: from now on the cache tells its truth."""
         self._reserved.pop(key_of(new or old or {}), None)
+
+
+def unresponsive(node: JsonDict, marks: Mapping[str, str]) -> JsonDict:
+    """``node`` (as the nodes informer keeps it) with its Ready condition Unknown if ``marks``
+    names it; the same object otherwise."""
+    name = str((node.get("metadata") or {}).get("name") or "")
+    why = marks.get(name)
+    if why is None:
+        return node
+    status = node.get("status") or {}
+    others = [c for c in status.get("conditions") or [] if c.get("type") != "Ready"]
+    ready = {"type": "Ready", "status": "Unknown", "reason": NODE_UNRESPONSIVE, "message": why}
+    return {**node, "status": {**status, "conditions": [*others, ready]}}

@@ -1,0 +1,63 @@
+"""Which workers the liveness task asks for a heartbeat, and what of a Lease it keeps.
+
+The rounds themselves (Leases watched, workers asked over HTTP, the verdict applied and the
+Node's Event) run against the real API server in tests/integration/test_node_liveness.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from elastra.controller.engine.nodeliveness import slim_lease, workers_by_node
+
+
+def pod(name: str, node: str, *, ip: str = "10.0.0.1", **changes: Any) -> dict[str, Any]:
+    labels = changes.pop("labels", {"elastra.dev/job": "gpt"})
+    meta: dict[str, Any] = {"name": name, "labels": labels}
+    if changes.pop("deleting", False):
+        meta["deletionTimestamp"] = "2026-12-04T05:00:00Z"
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": node},
+        "status": {"phase": changes.pop("phase", "Running"), "podIP": ip},
+    }
+
+
+NODES = [
+    {"metadata": {"name": "n1", "labels": {}}},
+    {"metadata": {"name": "kwok-1", "labels": {"type": "kwok"}}},
+]
+
+
+@pytest.mark.parametrize(
+    ("pods", "asked"),
+    [
+        ([pod("a", "n1"), pod("b", "n1", ip="10.0.0.2")], {"n1": ["10.0.0.1", "10.0.0.2"]}),
+        ([pod("a", "kwok-1")], {}),  # a simulated node: its addresses belong to nobody
+        ([pod("a", "n1", labels={})], {}),  # not a worker
+        ([pod("a", "n1", phase="Pending")], {}),  # not started: nothing answers yet
+        ([pod("a", "n1", deleting=True)], {}),  # going away
+        ([pod("a", "n1", ip="")], {}),  # no address
+    ],
+)
+def test_the_running_workers_of_real_nodes_are_asked(
+    pods: list[dict[str, Any]], asked: dict[str, list[str]]
+) -> None:
+    assert workers_by_node(pods, NODES, ("type=kwok",)) == asked
+
+
+def test_a_lease_keeps_its_name_renewal_and_duration_only() -> None:
+    lease = {
+        "metadata": {"name": "n1", "namespace": "kube-node-lease", "managedFields": [{}]},
+        "spec": {
+            "holderIdentity": "n1",
+            "leaseDurationSeconds": 40,
+            "renewTime": "2026-12-04T05:00:00.123456Z",
+        },
+    }
+    assert slim_lease(lease) == {
+        "metadata": {"name": "n1", "namespace": "kube-node-lease"},
+        "spec": {"leaseDurationSeconds": 40, "renewTime": "2026-12-04T05:00:00.123456Z"},
+    }

@@ -1,0 +1,31 @@
+"""The agent's metrics page: each figure of the trainer's progress report becomes its gauge, and
+a figure the report does not carry (yet) is left out rather than exported as zero."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.controller.test_progress import worker_page as page
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "sample"),
+    [
+        ("checkpointBlockingSeconds", 0.125, "elastra_worker_checkpoint_blocking_seconds 0.125"),
+        ("checkpointBackgroundSeconds", 2.5, "elastra_worker_checkpoint_background_seconds 2.5"),
+        (
+            "stateBytesFromStorage",
+            4096,
+            'elastra_worker_state_loaded_bytes{state_from="storage"} 4096.0',
+        ),
+        ("goodput", 0.75, "elastra_worker_goodput 0.75"),
+    ],
+)
+def test_a_reported_figure_is_exported_and_an_absent_one_left_out(
+    key: str, value: float, sample: str
+) -> None:
+    name = sample.partition(" ")[0].partition("{")[0]
+    assert sample in page({"step": 3, key: value}).splitlines()
+    without = page({"step": 3, key: None})
+    assert name not in without, "a figure not known yet is no sample at all"
+    assert "elastra_worker_step 3.0" in without
