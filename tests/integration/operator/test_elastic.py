@@ -66,9 +66,13 @@ def test_b_three_nodes_deleted_at_once_give_one_resize(
     doomed = sorted(p["node"] for p in status["placement"])[:3]
     pool.remove(*doomed)
     after = jobs.wait("re-formed at 3", lambda: world_is(jobs, "rack", 3))
+    # Only what the deletion caused: under a loaded CI machine the world has been seen to
+    # resize before it (the history then holds an earlier WorkerLost and its regrowth).
+    caused = [r for r in after["resizes"] if r["fromVersion"] >= version]
+    assert [(r["reason"], r["fromReplicas"], r["toReplicas"]) for r in caused] == [
+        ("WorkerLost", 6, 3)
+    ], after["resizes"]
     assert after["world"]["version"] == version + 1
-    lost = resizes(jobs, "rack", "WorkerLost")
-    assert len(lost) == 1 and lost[0]["fromReplicas"] == 6 and lost[0]["toReplicas"] == 3
     ranks = [p["rank"] for p in after["placement"]]
     assert len(ranks) == len(set(ranks)) == 3
     assert not {p["node"] for p in after["placement"]} & set(doomed)
