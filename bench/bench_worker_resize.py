@@ -1,33 +1,48 @@
-"""Resize overhead in step-time units: what one world-size change costs a training job.
+"""Resize downtime in step-time units: what a shrink, a grow and a plan change cost a job.
 
-Runs the example GPT under the local launcher with a 2 -> 1 -> 2 schedule (data mode, DDP) and
-watches rank 0's step log as it grows. The step time is the median time between two steps inside
-a world; the overhead of a resize is the time from the old world's last step to the new world's
-first step, minus one step. It is split, from the trainers' own log lines, into stop + checkpoint
-(to the commit of the stop step), restart (new processes, import, rendezvous), load (restore of
-the resharded checkpoint) and the rest (the first step's extra work: DDP set-up, warm-up).
+Runs the example GPT under the local launcher with a 2 -> 1 -> 2 -> 2 (sharded) schedule (data
+mode) and watches rank 0's step log as it grows. The step time is the median time between two
+steps inside a world; a resize's downtime is the time from the old world's last step to the new
+world's first step, minus one step. It is split, from the trainers' own log lines, into stop +
+checkpoint (to the commit of the stop step), restart (new processes, import, rendezvous), load
+(restore of the resharded checkpoint) and the rest (the first step's extra work: DDP or FSDP
+set-up, warm-up).
 
-Environment: ``BENCH_RESIZE_STEPS`` (steps per world, default 15).
+The state's size decides what a resize through storage costs, so the model is sized by flags
+(``--d-model 1024 --layers 8``: about 1.2 GB of parameters and AdamW state). The same run
+measures raw loopback TCP throughput, so a transfer of the state between peers has its yardstick
+(the issue's target: at most 3 step times plus the state's bytes at half that throughput for a
+grow or a plan change, 2 step times for a shrink). Every resize here goes through storage, the
+only path the trainers have today; the figures are ratios within this one run, never pass/fail.
+
+Environment: ``BENCH_RESIZE_STEPS`` (steps per world, default 15; ``--steps-per-world`` wins).
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "worker_image" / "examples" / "train_tiny_gpt.py"
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (.*)$")
+LOOPBACK_BYTES = 512 * 2**20
+CHUNK = 4 * 2**20
 
 
 def _stamp(line: str) -> tuple[float, str] | None:
@@ -38,14 +53,57 @@ def _stamp(line: str) -> tuple[float, str] | None:
     return when, m.group(2)
 
 
-def main() -> int:
-    """Print the step time and each resize's overhead in steps; never pass/fail on time."""
-    per_world = int(os.environ.get("BENCH_RESIZE_STEPS", "15"))
-    steps = 3 * per_world
-    schedule = f"2:0,1:{per_world},2:{2 * per_world}"
+def loopback_throughput(total: int = LOOPBACK_BYTES) -> float:
+    """Bytes per second one TCP connection carries over 127.0.0.1 (send and receive here)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    received = 0
+
+    def drain() -> None:
+        nonlocal received
+        conn, _ = server.accept()
+        with conn:
+            while chunk := conn.recv(CHUNK):
+                received += len(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    payload = b"\0" * CHUNK
+    start = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port)) as client:
+        for _ in range(total // CHUNK):
+            client.sendall(payload)
+    reader.join()
+    elapsed = time.perf_counter() - start
+    server.close()
+    return received / elapsed
+
+
+def checkpoint_bytes(root: Path) -> int:
+    """The largest committed checkpoint under ``root``: the state a resize through storage
+    writes and reads back."""
+    sizes = [
+        sum(f.stat().st_size for f in step.rglob("*") if f.is_file())
+        for step in root.rglob("step-*")
+        if step.is_dir() and ".partial" not in step.parts
+    ]
+    return max(sizes, default=0)
+
+
+@dataclass
+class Run:
+    """One launcher run: rank 0's step records as they appeared, and the trainers' log."""
+
+    arrivals: dict[int, tuple[float, dict[str, Any]]]
+    log_lines: list[str]
+    checkpoint_root: Path
+
+
+def run_schedule(schedule: str, steps: int, model_args: Sequence[str]) -> Run | None:
+    """Run the example under ``elastra-worker local``, timestamping each step as it is logged."""
     work = Path(tempfile.mkdtemp(prefix="elastra-bench-resize-"))
     log = work / "steps.jsonl"
-    arrivals: dict[int, tuple[float, dict[str, object]]] = {}
+    arrivals: dict[int, tuple[float, dict[str, Any]]] = {}
     done = threading.Event()
 
     def tail() -> None:
@@ -66,26 +124,32 @@ def main() -> int:
         sys.executable, "-m", "elastra_worker.cli", "local", "--schedule", schedule,
         "--steps", str(steps), "--checkpoint-dir", str(work / "ckpt"), "--log", str(log),
         "--consistency", "data", "--world-timeout", "300",
-        "--", sys.executable, str(EXAMPLE), "--d-model", "128", "--layers", "4",
+        "--", sys.executable, str(EXAMPLE), *model_args,
     ]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=False)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600, check=False)
     time.sleep(0.05)
     done.set()
     watcher.join()
     if proc.returncode != 0:
         print(proc.stderr[-3000:], file=sys.stderr)
-        return 1
+        return None
+    return Run(arrivals, proc.stderr.splitlines(), work / "ckpt")
 
+
+def report(run: Run, *, entries: Sequence[str], loopback: float, state: int) -> None:
+    """Print the step time, and each resize's downtime in step times with its parts;
+    ``entries`` are the schedule's, one per world in order (the step log's plan label does
+    not show the sharding)."""
     worlds: dict[int, list[int]] = {}
-    for step, (_, rec) in sorted(arrivals.items()):
+    for step, (_, rec) in sorted(run.arrivals.items()):
         worlds.setdefault(int(str(rec["worldVersion"])), []).append(step)
     intervals = [
-        arrivals[s][0] - arrivals[s - 1][0]
+        run.arrivals[s][0] - run.arrivals[s - 1][0]
         for members in worlds.values()
         for s in members[2:]  # skip each world's first step (warm-up)
     ]
     step_s = statistics.median(intervals)
-    events = [e for e in (_stamp(x) for x in proc.stderr.splitlines()) if e is not None]
+    events = [e for e in (_stamp(x) for x in run.log_lines) if e is not None]
 
     def first_after(t: float, pattern: str) -> float | None:
         for when, text in events:
@@ -93,32 +157,54 @@ def main() -> int:
                 return when
         return None
 
-    print(f"resize overhead, schedule {schedule}, tiny GPT d=128 x4 layers, gloo, CPU")
+    transfer_s = state / (0.5 * loopback)
     print(f"  step time (median within a world): {step_s * 1000:.1f} ms")
+    print(
+        f"  state: {state / 2**30:.2f} GiB committed; loopback TCP {loopback / 2**30:.2f} GiB/s;"
+        f" the state at half of it: {transfer_s:.2f} s = {transfer_s / step_s:.1f} step times"
+    )
     versions = sorted(worlds)
-    totals = []
+    entry = dict(zip(versions, entries, strict=True))
     for old, new in itertools.pairwise(versions):
         last, first = worlds[old][-1], worlds[new][0]
-        t_last, t_first = arrivals[last][0], arrivals[first][0]
-        overhead = t_first - t_last - step_s
-        totals.append(overhead / step_s)
+        t_last, t_first = run.arrivals[last][0], run.arrivals[first][0]
+        downtime = t_first - t_last - step_s
         commit = first_after(t_last, rf"rank 0 committed step {last + 1}\b")
         joined = first_after(t_last, rf"rank 0/\d+ joined world version {new}\b")
         restored = first_after(t_last, r"rank 0 restored step")
         parts = ""
         if commit and joined and restored:
             parts = (
-                f" = stop+checkpoint {(commit - t_last) / step_s:.0f}"
-                f" + restart {(joined - commit) / step_s:.0f}"
-                f" + load {(restored - joined) / step_s:.0f}"
-                f" + first step {(t_first - restored) / step_s - 1:.0f}"
+                f" = stop+checkpoint {(commit - t_last) / step_s:.1f}"
+                f" + restart {(joined - commit) / step_s:.1f}"
+                f" + load {(restored - joined) / step_s:.1f}"
+                f" + first step {(t_first - restored) / step_s - 1:.1f}"
             )
         print(
-            f"  world {old} -> {new} ({len(worlds[old]) and arrivals[last][1]['worldSize']} -> "
-            f"{arrivals[first][1]['worldSize']} ranks): {overhead:.2f} s"
-            f" = {overhead / step_s:.0f} steps{parts}"
+            f"  world {old} -> {new} ({entry[old]} -> {entry[new]}): {downtime:.2f} s"
+            f" = {downtime / step_s:.1f} step times{parts}"
         )
-    print(f"  median resize overhead: {statistics.median(totals):.0f} step times")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the schedule, then print the figures; never pass/fail on time."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument(
+        "--steps-per-world", type=int, default=int(os.environ.get("BENCH_RESIZE_STEPS", "15"))
+    )
+    args = p.parse_args(argv)
+    n = args.steps_per_world
+    schedule = f"2:0,1:{n},2:{2 * n},2:{3 * n}:sharding=full"
+    loopback = loopback_throughput()
+    model = ["--d-model", str(args.d_model), "--layers", str(args.layers)]
+    print(f"resize downtime, schedule {schedule}, tiny GPT d={args.d_model} x{args.layers}")
+    run = run_schedule(schedule, 4 * n, model)
+    if run is None:
+        return 1
+    state = checkpoint_bytes(run.checkpoint_root)
+    report(run, entries=schedule.split(","), loopback=loopback, state=state)
     return 0
 
 
