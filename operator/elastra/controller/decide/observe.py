@@ -377,6 +377,13 @@ def _labels(sample: str) -> tuple[str, dict[str, str]]:
     return name, labels
 
 
+def simulated(node: Mapping[str, Any], skip: Sequence[str]) -> bool:
+    """``node`` carries one of the ``key=value`` labels of ``skip`` (the operator's
+    ``skip_metrics_labels``): a simulated node, whose pod addresses belong to nobody."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return any(labels.get(k) == v for k, _, v in (s.partition("=") for s in skip))
+
+
 def rank0_address(
     job: TrainingJob,
     pods: Sequence[Mapping[str, Any]],
@@ -392,8 +399,7 @@ def rank0_address(
         return None
     node_name = (pod.get("spec") or {}).get("nodeName")
     node = next((n for n in nodes if (n.get("metadata") or {}).get("name") == node_name), None)
-    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
-    if node is None or any(labels.get(k) == v for k, _, v in (s.partition("=") for s in skip)):
+    if node is None or simulated(node, skip):
         return None
     ip = (pod.get("status") or {}).get("podIP")
     return str(ip) if ip else None

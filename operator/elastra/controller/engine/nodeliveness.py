@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 
 from elastra.controller.decide.manifests import LABEL_JOB
+from elastra.controller.decide.observe import simulated
 from elastra.controller.decide.passplan import EventType
 from elastra.controller.engine.leader import LeaderElector
 from elastra.controller.engine.reconcile import utc_now
@@ -65,14 +66,7 @@ def workers_by_node(
     pods: Iterable[Mapping[str, Any]], nodes: Iterable[Mapping[str, Any]], skip: Sequence[str]
 ) -> dict[str, list[str]]:
     """Node -> the pod IPs of the Running worker pods on it, nodes with a skip label left out."""
-    skipped = {
-        str((n.get("metadata") or {}).get("name"))
-        for n in nodes
-        if any(
-            ((n.get("metadata") or {}).get("labels") or {}).get(k) == v
-            for k, _, v in (s.partition("=") for s in skip)
-        )
-    }
+    skipped = {str((n.get("metadata") or {}).get("name")) for n in nodes if simulated(n, skip)}
     found: dict[str, list[str]] = {}
     for pod in pods:
         meta, spec, status = (

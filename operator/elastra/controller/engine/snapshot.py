@@ -33,6 +33,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from types import MappingProxyType
 
 from elastra.controller.decide.manifests import LABEL_JOB
 from elastra.controller.decide.memo import PerObject
@@ -300,8 +301,9 @@ class ClusterSnapshot:
 
     @property
     def unresponsive_nodes(self) -> Mapping[str, str]:
-        """The nodes declared lost, and why."""
-        return dict(self._unresponsive)
+        """The nodes declared lost, and why (a read-only view, not a copy: the liveness task
+        asks it for every node once a second)."""
+        return MappingProxyType(self._unresponsive)
 
     def _job_seen(self, kind: str, old: JsonDict | None, new: JsonDict | None) -> None:
         """A job that is gone has no status to pace."""
