@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -96,12 +97,20 @@ class Run:
 
     arrivals: dict[int, tuple[float, dict[str, Any]]]
     log_lines: list[str]
-    checkpoint_root: Path
+    state_bytes: int
 
 
 def run_schedule(schedule: str, steps: int, model_args: Sequence[str]) -> Run | None:
-    """Run the example under ``elastra-worker local``, timestamping each step as it is logged."""
+    """Run the example under ``elastra-worker local``, timestamping each step as it is logged;
+    the run's folder (checkpoints of a gigabyte or more) is removed before returning."""
     work = Path(tempfile.mkdtemp(prefix="elastra-bench-resize-"))
+    try:
+        return _run_in(work, schedule, steps, model_args)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_in(work: Path, schedule: str, steps: int, model_args: Sequence[str]) -> Run | None:
     log = work / "steps.jsonl"
     arrivals: dict[int, tuple[float, dict[str, Any]]] = {}
     done = threading.Event()
@@ -133,7 +142,7 @@ def run_schedule(schedule: str, steps: int, model_args: Sequence[str]) -> Run | 
     if proc.returncode != 0:
         print(proc.stderr[-3000:], file=sys.stderr)
         return None
-    return Run(arrivals, proc.stderr.splitlines(), work / "ckpt")
+    return Run(arrivals, proc.stderr.splitlines(), checkpoint_bytes(work / "ckpt"))
 
 
 def report(run: Run, *, entries: Sequence[str], loopback: float, state: int) -> None:
@@ -203,8 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = run_schedule(schedule, 4 * n, model)
     if run is None:
         return 1
-    state = checkpoint_bytes(run.checkpoint_root)
-    report(run, entries=schedule.split(","), loopback=loopback, state=state)
+    report(run, entries=schedule.split(","), loopback=loopback, state=run.state_bytes)
     return 0
 
 
