@@ -8,11 +8,12 @@ examples/cpu-tiny.yaml (three CPU workers training a tiny GPT over gloo), scales
 back to three, and checks the workers' own records. The last line is either
 
     demo: OK worlds=v1(3)->v2(2)->v3(3) steps=N resumed-from=[a,b] downtime=[Xs,Ys]
-        goodput=G% data-order=static
+        scale-to-step=[Xs,Ys] goodput=G% data-order=static
 
 (world versions with their sizes, the steps trained, the checkpoint step each resize resumed
 from, how long each resize stopped training: from the end of the step the new world resumed
-from to the end of its first step, as its rank 0 recorded it; the job's goodput at its last
+from to the end of its first step, as its rank 0 recorded it; from each `kubectl scale` to the
+end of the new world's first step, a new pod's start included; the job's goodput at its last
 step: the fraction of wall time since its first step spent in steps it kept; on one line) or
 ``demo: FAILED <reason>``; the exit status says the same. It shares every step with the e2e
 suite (e2e/install.py, e2e/elasticjob.py, e2e/trainlog.py).
@@ -68,8 +69,10 @@ def run_demo(elastra: Elastra, *, steps_per_world: int) -> str:
     version = job.wait_world(3, after=0)
     job.wait_trained(version, steps_per_world)
     say(f"world v{version} of 3 trains ({time.monotonic() - started:.0f}s)")
+    scaled_at: list[float] = []
     for replicas in (2, 3):
         say(f"kubectl scale tj/{job.name} --replicas={replicas}")
+        scaled_at.append(time.time())  # wall clock: set against the step log's endedAt
         job.scale(replicas)
         version = job.wait_world(replicas, after=version)
         job.wait_trained(version, steps_per_world)
@@ -92,15 +95,18 @@ def run_demo(elastra: Elastra, *, steps_per_world: int) -> str:
     worlds = "->".join(f"v{s.version}({s.size})" for s in spans)
     resumed = ",".join(str(s.first_step) for s in spans[1:])
     downtimes = ",".join(_downtime(records, s.first_step) for s in spans[1:])
+    after_scale = ",".join(_after_scale(records[s.first_step], scaled_at) for s in spans[1:])
     for span in spans[1:]:
         say(
             f"world v{span.version} of {span.size}: training stopped "
             f"{_downtime(records, span.first_step)} (end of the step it resumed from to the end "
-            "of its first step; state from the checkpoint)"
+            "of its first step; state from the checkpoint); its first step ended "
+            f"{_after_scale(records[span.first_step], scaled_at)} after kubectl scale"
         )
     return (
         f"worlds={worlds} steps={len(records)} resumed-from=[{resumed}] "
-        f"downtime=[{downtimes}] goodput={_percent(records[-1].goodput)} data-order=static"
+        f"downtime=[{downtimes}] scale-to-step=[{after_scale}] "
+        f"goodput={_percent(records[-1].goodput)} data-order=static"
     )
 
 
@@ -108,6 +114,15 @@ def _downtime(records: Sequence[StepRecord], step: int) -> str:
     """The resize downtime rank 0 recorded on ``step`` (a world's first), as ``12.3s``."""
     seconds = records[step].downtime_s
     return "?" if seconds is None else f"{seconds:.1f}s"
+
+
+def _after_scale(first: StepRecord, scaled_at: Sequence[float]) -> str:
+    """Seconds from the last ``kubectl scale`` before a world's ``first`` step to that step's
+    end, as ``4.2s`` (the cluster is this machine: one clock)."""
+    if first.ended_at is None:
+        return "?"
+    before = [t for t in scaled_at if t < first.ended_at]
+    return f"{first.ended_at - before[-1]:.1f}s" if before else "?"
 
 
 def _percent(fraction: float | None) -> str:

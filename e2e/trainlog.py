@@ -5,10 +5,11 @@ operator's status alone, that a resized job lost no step and saw the same sample
 a static run. Two sources, both written by the worker runtime (elastra_worker):
 
 - the step log (``ELASTRA_STEP_LOG``, written by rank 0): one JSON object per optimizer step
-  with ``step``, ``worldVersion``, ``worldSize`` and the sorted ``samples`` of that step (and,
-  on a resumed world's first step, ``resizeDowntimeSeconds``: how long training stopped). A world
-  that resumes from a checkpoint rewrites the records of the steps it redoes, so the file holds
-  exactly one record per step, each from the world that finally trained it.
+  with ``step``, ``worldVersion``, ``worldSize``, the sorted ``samples`` of that step, when it
+  ended (``endedAt``, wall clock) and, on a resumed world's first step,
+  ``resizeDowntimeSeconds``: how long training stopped. A world that resumes from a checkpoint
+  rewrites the records of the steps it redoes, so the file holds exactly one record per step,
+  each from the world that finally trained it.
 - the worker pods' logs: ``rank 0 committed step N`` when a checkpoint is committed and
   ``rank 0 restored step N ... into a world of W`` when a new world loads it.
 
@@ -42,6 +43,8 @@ class StepRecord:
     """On a resumed world's first step: seconds since the end of the step it resumed from."""
     goodput: float | None = None
     """The job's goodput at this step (a fraction; from a world's second step on)."""
+    ended_at: float | None = None
+    """When the step ended, wall-clock seconds since the epoch (rank 0's clock)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ def parse_step_log(text: str) -> list[StepRecord]:
                     samples=tuple(int(s) for s in raw.get("samples", ())),
                     downtime_s=_seconds(raw.get("resizeDowntimeSeconds")),
                     goodput=_seconds(raw.get("goodput")),
+                    ended_at=_seconds(raw.get("endedAt")),
                 )
             )
         except (ValueError, KeyError, TypeError) as err:

@@ -42,6 +42,9 @@ GOOD = [record(0, 1, 3), record(1, 1, 3), record(2, 2, 2), record(3, 3, 3)]
 def test_step_log_parses_and_a_torn_line_is_an_error() -> None:
     text = "\n".join(line(s, 1, 3) for s in range(3)) + "\n"
     assert [r.step for r in parse_step_log(text)] == [0, 1, 2]
+    timed = json.dumps({**json.loads(line(0, 1, 3)), "endedAt": 1764900000.25})
+    assert parse_step_log(timed)[0].ended_at == 1764900000.25
+    assert parse_step_log(line(0, 1, 3))[0].ended_at is None  # a log from before endedAt
     with pytest.raises(TrainLogError, match="line 2"):
         parse_step_log(line(0, 1, 3) + '\n{"step": 1, "worldVer')
 

@@ -327,6 +327,45 @@ def test_resize_through_assignment_files_then_sigterm(tmp_path: Path) -> None:
                 proc.wait()
 
 
+# Reports no progress (a world still in its start-up), records whether torch was already imported
+# when it began (a warm standby's preload), and waits to be asked to stop.
+STARTUP_TRAINER = textwrap.dedent(
+    """
+    import json, os, pathlib, sys, time
+    control = pathlib.Path(os.environ["ELASTRA_CONTROL_DIR"])
+    version = os.environ["ELASTRA_WORLD_VERSION"]
+    starts = control.parent / "starts.jsonl"
+    with starts.open("a") as f:
+        f.write(json.dumps({"version": int(version), "warm": "torch" in sys.modules}) + "\\n")
+    deadline = time.monotonic() + 60
+    while not (control / "stop").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    """
+)
+
+
+def test_a_resize_before_the_first_step_starts_warm(tmp_path: Path) -> None:
+    """The next world's standbys start with a world's trainers, not after its first step."""
+    script = tmp_path / "train.py"
+    script.write_text(STARTUP_TRAINER)
+    port = free_port()
+    write(tmp_path, assignment(1, port=port))
+    proc = start_agent(tmp_path, [sys.executable, str(script)])
+    starts = tmp_path / "starts.jsonl"
+    try:
+        wait_for(starts.exists, 60, "the first trainer to start")
+        write(tmp_path, assignment(2, port=port))
+        wait_for(lambda: len(starts.read_text().splitlines()) == 2, 60, "world 2's trainer")
+        records = [json.loads(line) for line in starts.read_text().splitlines()]
+        assert records == [{"version": 1, "warm": False}, {"version": 2, "warm": True}]
+        write(tmp_path, assignment(3, stop=True))
+        assert proc.wait(timeout=60) == exitcodes.OK
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_only_own_interpreter_scripts_start_warm(tmp_path: Path) -> None:
     exe = sys.executable
     assert warm_command([exe, "train.py", "--steps", "3"]) == ["train.py", "--steps", "3"]

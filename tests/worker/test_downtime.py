@@ -102,6 +102,11 @@ def test_a_resized_run_records_each_resumed_worlds_downtime(tmp_path: Path) -> N
         assert record["worldVersion"] > record["resizeFromVersion"]
         assert record["stateFrom"] == "storage"
         assert 0 < record["resizeDowntimeSeconds"] < elapsed
+        # the step log's wall clock says the same: the old world's last step to this one
+        gap = record["endedAt"] - steps[k - 1]["endedAt"]
+        assert abs(gap - record["resizeDowntimeSeconds"]) < 0.01, (gap, record)
+    ended = [steps[k]["endedAt"] for k in range(9)]
+    assert started < ended[0] and ended == sorted(ended) and ended[-1] < started + elapsed
     # two resizes cost training time: the job's goodput after them is below 1, and above 0
     assert 0 < steps[8][GOODPUT] < 1, steps[8]
     assert "first step" in run.output and "after the step it resumed from" in run.output

@@ -57,11 +57,6 @@ log = logging.getLogger(__name__)
 
 Outcome = Literal["done", "stopped", "failed", "peers_lost", "terminated", "invalid"]
 
-# A plain script reports no progress, so "past its start-up" (when standbys for the next world
-# may take CPU without slowing it down) is guessed from its age.
-STANDBY_AFTER_S = 5.0
-
-
 @dataclass
 class AgentConfig:
     """How the agent runs; every duration is in seconds."""
@@ -304,11 +299,13 @@ class Agent:
                 return "failed"
             if not self._download(a):
                 return "failed"
-        warm = bool(self._standbys)
         procs = [self._start_trainer(self._trainer_env(a, lr)) for lr in range(a.local_world_size)]
         self._worlds_started += 1
-        if warm:  # the trainers skip the imports: prepare the next world's right away
-            self._prepare_standbys(len(procs))
+        # The next world's standbys start now, not after this world's first step: a resize soon
+        # after a cold start (the first world, or one after a crash) otherwise starts cold too,
+        # importing torch inside its downtime. Their imports overlap this world's rendezvous
+        # and checkpoint load, which mostly wait.
+        self._prepare_standbys(len(procs))
         self._set_state(
             phase="running",
             worldVersion=a.world_version,
@@ -348,8 +345,6 @@ class Agent:
         stop_sent = False
         terminated = False
         while True:
-            if not self._standbys and self.control.progress(0) is not None:
-                self._prepare_standbys(len(procs))  # trainers are past start-up: prepare the next
             codes = [p.poll() for p in procs]
             if any(c not in (None, 0) for c in codes):
                 bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
@@ -402,12 +397,9 @@ class Agent:
         the new world starts once they are all gone. Unasked, exit 0 means finished and any
         other exit a crash, as under torchrun.
         """
-        started = self.clock()
         deadline: float | None = None
         terminated = False
         while True:
-            if not self._standbys and self.clock() - started >= STANDBY_AFTER_S:
-                self._prepare_standbys(len(procs))  # no step reports: assume past start-up
             codes = [p.poll() for p in procs]
             if deadline is None and any(c not in (None, 0) for c in codes):
                 bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]

@@ -62,6 +62,7 @@ class StepRecorder:
         self._step_seconds = now - self._step_time
         self._samples_per_s = len(samples) / max(self._step_seconds, 1e-9)
         self._step_time = now
+        ended_at = time.time()
         record = {
             "step": step,
             "worldSize": world.world_size,
@@ -70,7 +71,9 @@ class StepRecorder:
             "precision": world.precision,
             "loss": loss,
             "samples": sorted(samples),
-            **self.clock.stepped(time.time()),
+            # wall clock, so what happened outside (a `kubectl scale`) can be set against steps
+            "endedAt": round(ended_at, 3),
+            **self.clock.stepped(ended_at),
         }
         if "resizeDowntimeSeconds" in record and world.rank == 0:
             log.info(
