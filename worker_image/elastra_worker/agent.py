@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 Outcome = Literal["done", "stopped", "failed", "peers_lost", "terminated", "invalid"]
 
+
 @dataclass
 class AgentConfig:
     """How the agent runs; every duration is in seconds."""
