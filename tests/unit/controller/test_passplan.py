@@ -455,9 +455,15 @@ def test_no_move_when_the_rest_of_the_run_is_shorter_than_a_restart() -> None:
     assert not any("h100" in p["spec"]["nodeName"] for p in cluster.pods.values())
 
 
-def test_nodes_deleted_one_after_another_within_the_settle_window_give_one_resize() -> None:
-    cluster = FakeCluster(job(replicas=4), h100s(4), SETTINGS)
+@pytest.mark.parametrize("second", ["h100-1", None, "spare"])
+def test_nodes_deleted_one_after_another_within_the_settle_window_give_one_resize(
+    second: str | None,
+) -> None:
+    """A second deletion of one of the job's nodes restarts the settle window; a node of no
+    pod of the job (``spare``) does not, nor does no second deletion."""
+    cluster = FakeCluster(job(replicas=4), [*h100s(4), node("spare", gpus=0)], SETTINGS)
     cluster.converge()
+    assert "spare" not in {p.node for p in cluster.job.status.placement}
     version = cluster.job.status.world.version
     lost: dict[str, Any] = {}
 
@@ -475,12 +481,14 @@ def test_nodes_deleted_one_after_another_within_the_settle_window_give_one_resiz
 
     lose("h100-0")
     assert step(0.6).decision.world is None, "the first loss waits for the rest of the burst"
-    lose("h100-1")
-    assert step(0.6).decision.world is None, "a second loss restarts the settle window"
+    if second is not None:
+        lose(second)
+    assert step(0.6).decision.world is None, "still inside the settle window"
+    if second == "h100-1":
+        assert step(0.6).decision.world is None, "a second loss of its own restarts the window"
     plan = step(0.6)
-    assert plan.decision.world is None
-    plan = step(0.6)
-    assert plan.decision.reason.value == "WorkerLost" and len(plan.decision.world) == 2
+    assert plan.decision.reason.value == "WorkerLost"
+    assert len(plan.decision.world) == (2 if second == "h100-1" else 3)
     assert cluster.job.status.world.version == version + 1
 
 

@@ -221,6 +221,15 @@ class _Pass:
     """When a node was last seen deleted (``ResizeInput.node_lost_at``)."""
 
 
+def _own_node_lost_at(job: TrainingJob, obs: Observation) -> datetime | None:
+    """When a node this job's pods run or ran on was last seen deleted: its world's placement
+    (a vanished pod's node is known only there) and its pods' nodes. Another job's node going
+    away is no break of this job's world and must not hold its resize back."""
+    nodes = {p.node for p in job.status.placement}
+    nodes.update(str(p.get("spec", {}).get("nodeName", "")) for p in obs.pods)
+    return max((t for n, t in obs.lost_nodes.items() if n in nodes), default=None)
+
+
 def _running(
     obs: Observation,
     facts: Mapping[str, PodFacts],
@@ -255,7 +264,7 @@ def _running(
         hold=hold,
         note=admission.admitted_note(obs.job, gate),
         progress=obs.progress,
-        node_lost_at=max(obs.lost_nodes.values(), default=None),
+        node_lost_at=_own_node_lost_at(job, obs),
     )
     placement, backoff_left = _placement(ctx)
     impossible = (
