@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e2e.kind.cluster import environment
+from packaging.utils import canonicalize_name
 
 from .archive import write_archive
 from .build import (
@@ -82,15 +83,10 @@ RECIPES = {
 }
 
 
-def normal(name: str) -> str:
-    """PEP 503 names: case and separators do not matter."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def dist_infos(paths: list[str]) -> set[tuple[str, str]]:
     """(name, version) of each ``<site>/<name>-<version>.dist-info/METADATA`` among paths."""
     found = (DIST_INFO.search(path) for path in paths)
-    return {(normal(m.group(1)), m.group(2)) for m in found if m}
+    return {(canonicalize_name(m.group(1)), m.group(2)) for m in found if m}
 
 
 def differences(offline: set[tuple[str, str]], docker: set[tuple[str, str]]) -> list[str]:
@@ -196,7 +192,7 @@ def docker_packages(env: dict[str, str], tag: str) -> set[tuple[str, str]]:
     """(name, version) of every distribution the image's python3 sees."""
     out = docker(env, "run", "--rm", "--network", "none", "--entrypoint", "python3", tag,
                  "-c", LIST_DISTRIBUTIONS, capture_output=True).stdout  # fmt: skip
-    return {(normal(n), v) for n, v in json.loads(out)}
+    return {(canonicalize_name(n), v) for n, v in json.loads(out)}
 
 
 def offline_packages(name: str) -> set[tuple[str, str]]:

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 from e2e.images import build
+from packaging.utils import canonicalize_name
 
 from elastra.controller.decide.manifests import WORKER_UID
 
@@ -83,13 +84,8 @@ def pip_packages(run: str) -> list[str]:
             elif word in PIP_OPTIONS_WITH_VALUE:
                 skip = True
             elif not word.startswith(("-", "/", ".")):
-                names.append(_normal(re.split(r"[<>=!~\[;]", word)[0]))
+                names.append(canonicalize_name(re.split(r"[<>=!~\[;]", word)[0]))
     return names
-
-
-def _normal(name: str) -> str:
-    """PEP 503 names: case and separators do not matter."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def parse_dockerfile(path: Path) -> list[Stage]:
@@ -135,7 +131,7 @@ def _pyproject() -> dict[str, Any]:
 
 
 def _names(requirements: list[str]) -> set[str]:
-    return {_normal(re.split(r"[<>=!~\[;]", r)[0]) for r in requirements}
+    return {canonicalize_name(re.split(r"[<>=!~\[;]", r)[0]) for r in requirements}
 
 
 def test_worker_dockerfile_matches_the_offline_build() -> None:
@@ -143,7 +139,7 @@ def test_worker_dockerfile_matches_the_offline_build() -> None:
     assert len(stages) == 1
     final = stages[0]
     assert final.base == BASE
-    assert sorted(final.packages) == sorted(_normal(n) for n in build.WORKER_REQUIREMENTS)
+    assert sorted(final.packages) == sorted(canonicalize_name(n) for n in build.WORKER_REQUIREMENTS)
     expected = {(f"worker_image/{d}", f"{APP}/{d}") for d in build.WORKER_APP_DIRS}
     assert {c for c in final.copies if c[1].startswith(APP)} == expected
     assert final.env["PYTHONPATH"] == APP
@@ -156,7 +152,9 @@ def test_worker_dockerfile_matches_the_offline_build() -> None:
 def test_operator_dockerfile_matches_the_offline_build() -> None:
     *builders, final = parse_dockerfile(OPERATOR_DOCKERFILE)
     assert final.base == BASE and all(s.base == BASE for s in builders)
-    assert sorted(final.packages) == sorted(_normal(n) for n in build.OPERATOR_REQUIREMENTS)
+    assert sorted(final.packages) == sorted(
+        canonicalize_name(n) for n in build.OPERATOR_REQUIREMENTS
+    )
     assert not [c for c in final.copies if c[1].startswith(APP)]  # nothing under /opt/elastra
     assert final.user == _uid(final) == build.IMAGE_USER
     assert final.entrypoint == build.OPERATOR_ENTRYPOINT
@@ -224,7 +222,9 @@ def test_every_runtime_dependency_is_imported_by_the_operator() -> None:
     the tests imported."""
     by_package = packages_distributions()
     imported = {
-        _normal(dist) for name in _imported_by_the_operator() for dist in by_package.get(name, [])
+        canonicalize_name(dist)
+        for name in _imported_by_the_operator()
+        for dist in by_package.get(name, [])
     }
     runtime = _names(_pyproject()["project"]["dependencies"])
     assert runtime <= imported, f"not imported by operator/elastra: {sorted(runtime - imported)}"
