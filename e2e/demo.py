@@ -27,6 +27,8 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
 
 from e2e.cluster.api import WaitTimeoutError
 from e2e.elasticjob import RUNNING_STEPS, Elastra, JobRun, example_job
@@ -72,11 +74,14 @@ def run_demo(elastra: Elastra, *, steps_per_world: int) -> str:
     scaled_at: list[float] = []
     for replicas in (2, 3):
         say(f"kubectl scale tj/{job.name} --replicas={replicas}")
+        before = {p["metadata"]["name"] for p in job.pods()}
         scaled_at.append(time.time())  # wall clock: set against the step log's endedAt
         job.scale(replicas)
         version = job.wait_world(replicas, after=version)
         job.wait_trained(version, steps_per_world)
         say(f"world v{version} of {replicas} trains ({time.monotonic() - started:.0f}s)")
+        for name, ready in _ready_since(job.pods(), before).items():
+            say(f"new pod {name} Ready {ready - scaled_at[-1]:.0f}s after kubectl scale")
     records = job.step_log()
     check_contiguous(records)
     spans = world_spans(records)
@@ -114,6 +119,20 @@ def _downtime(records: Sequence[StepRecord], step: int) -> str:
     """The resize downtime rank 0 recorded on ``step`` (a world's first), as ``12.3s``."""
     seconds = records[step].downtime_s
     return "?" if seconds is None else f"{seconds:.1f}s"
+
+
+def _ready_since(pods: Sequence[dict[str, Any]], before: set[str]) -> dict[str, float]:
+    """When each pod not in ``before`` turned Ready (wall clock, whole seconds as the API
+    server keeps them): the part of a grow that is the new pod's start."""
+    found = {}
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        ready = [c for c in conditions if c.get("type") == "Ready" and c.get("status") == "True"]
+        if name not in before and ready and ready[0].get("lastTransitionTime"):
+            stamp = str(ready[0]["lastTransitionTime"]).replace("Z", "+00:00")
+            found[name] = datetime.fromisoformat(stamp).timestamp()
+    return found
 
 
 def _after_scale(first: StepRecord, scaled_at: Sequence[float]) -> str:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from e2e.demo import _after_scale
+from e2e.demo import _after_scale, _ready_since
 from e2e.trainlog import StepRecord
 
 
@@ -22,3 +24,16 @@ def test_seconds_from_kubectl_scale_to_a_worlds_first_step(
 ) -> None:
     first = StepRecord(step=5, world_version=2, world_size=2, samples=(), ended_at=ended_at)
     assert _after_scale(first, scaled_at) == expected
+
+
+def test_a_new_pods_ready_time_is_read_from_its_condition() -> None:
+    def pod(name: str, *conditions: dict[str, str]) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "status": {"conditions": list(conditions)}}
+
+    ready = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-05T03:10:07Z"}
+    pods = [
+        pod("job-w0", ready),  # there before the scale
+        pod("job-w3", {"type": "PodScheduled", "status": "True"}, ready),
+        pod("job-w4", {**ready, "status": "False"}),  # not Ready yet
+    ]
+    assert _ready_since(pods, {"job-w0"}) == {"job-w3": 1796440207.0}
