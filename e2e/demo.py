@@ -13,7 +13,9 @@ back to three, and checks the workers' own records. The last line is either
 (world versions with their sizes, the steps trained, the checkpoint step each resize resumed
 from, how long each resize stopped training: from the end of the step the new world resumed
 from to the end of its first step, as its rank 0 recorded it; from each `kubectl scale` to the
-end of the new world's first step, a new pod's start included; the job's goodput at its last
+end of the new world's first step, a new pod's start included, and for the grow the resize
+policy's cooldown (30 s since the previous resize): the lines before it say when the world
+formed and when the new pod turned Ready; the job's goodput at its last
 step: the fraction of wall time since its first step spent in steps it kept; on one line) or
 ``demo: FAILED <reason>``; the exit status says the same. It shares every step with the e2e
 suite (e2e/install.py, e2e/elasticjob.py, e2e/trainlog.py).
@@ -27,6 +29,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -81,7 +84,7 @@ def run_demo(elastra: Elastra, *, steps_per_world: int) -> str:
         job.wait_trained(version, steps_per_world)
         say(f"world v{version} of {replicas} trains ({time.monotonic() - started:.0f}s)")
         for name, ready in _ready_since(job.pods(), before).items():
-            say(f"new pod {name} Ready {ready - scaled_at[-1]:.0f}s after kubectl scale")
+            say(f"new pod {name} Ready {max(ready - scaled_at[-1], 0):.0f}s after kubectl scale")
     records = job.step_log()
     check_contiguous(records)
     spans = world_spans(records)
@@ -101,12 +104,15 @@ def run_demo(elastra: Elastra, *, steps_per_world: int) -> str:
     resumed = ",".join(str(s.first_step) for s in spans[1:])
     downtimes = ",".join(_downtime(records, s.first_step) for s in spans[1:])
     after_scale = ",".join(_after_scale(records[s.first_step], scaled_at) for s in spans[1:])
+    formed = _formed_at(job.status())
     for span in spans[1:]:
+        first = records[span.first_step]
         say(
             f"world v{span.version} of {span.size}: training stopped "
             f"{_downtime(records, span.first_step)} (end of the step it resumed from to the end "
-            "of its first step; state from the checkpoint); its first step ended "
-            f"{_after_scale(records[span.first_step], scaled_at)} after kubectl scale"
+            f"of its first step; state from the checkpoint); formed "
+            f"{_after_scale(replace(first, ended_at=formed.get(span.version)), scaled_at)} "
+            f"after kubectl scale, its first step ended {_after_scale(first, scaled_at)} after it"
         )
     return (
         f"worlds={worlds} steps={len(records)} resumed-from=[{resumed}] "
@@ -135,13 +141,24 @@ def _ready_since(pods: Sequence[dict[str, Any]], before: set[str]) -> dict[str, 
     return found
 
 
+def _formed_at(status: dict[str, Any]) -> dict[int, float]:
+    """When the operator formed each world version (``status.resizes``, whole seconds): a grow
+    soon after a shrink waits for the resize policy's cooldown (30 s by default) here."""
+    found = {}
+    for resize in status.get("resizes") or []:
+        stamp = str(resize.get("time", "")).replace("Z", "+00:00")
+        with contextlib.suppress(ValueError, TypeError):
+            found[int(resize["toVersion"])] = datetime.fromisoformat(stamp).timestamp()
+    return found
+
+
 def _after_scale(first: StepRecord, scaled_at: Sequence[float]) -> str:
     """Seconds from the last ``kubectl scale`` before a world's ``first`` step to that step's
     end, as ``4.2s`` (the cluster is this machine: one clock)."""
     if first.ended_at is None:
         return "?"
-    before = [t for t in scaled_at if t < first.ended_at]
-    return f"{first.ended_at - before[-1]:.1f}s" if before else "?"
+    before = [t for t in scaled_at if t < first.ended_at + 1]  # formed_at: whole seconds
+    return f"{max(first.ended_at - before[-1], 0):.1f}s" if before else "?"
 
 
 def _percent(fraction: float | None) -> str:

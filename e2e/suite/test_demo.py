@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from e2e.demo import _after_scale, _ready_since
+from e2e.demo import _after_scale, _formed_at, _ready_since
 from e2e.trainlog import StepRecord
 
 
@@ -37,3 +37,15 @@ def test_a_new_pods_ready_time_is_read_from_its_condition() -> None:
         pod("job-w4", {**ready, "status": "False"}),  # not Ready yet
     ]
     assert _ready_since(pods, {"job-w0"}) == {"job-w3": 1796440207.0}
+
+
+def test_each_worlds_formation_time_comes_from_status_resizes() -> None:
+    status = {
+        "resizes": [
+            {"toVersion": 1, "time": "2026-12-05T03:10:16Z", "reason": "WorldFormed"},
+            {"toVersion": 3, "time": "2026-12-05T03:11:09Z", "reason": "ScaledUp"},
+            {"toVersion": 4, "time": "not a time", "reason": "ScaledUp"},
+        ]
+    }
+    assert _formed_at(status) == {1: 1796440216.0, 3: 1796440269.0}
+    assert _formed_at({}) == {}
