@@ -29,8 +29,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from e2e.cluster.api import WaitTimeoutError
@@ -54,11 +53,16 @@ from e2e.trainlog import (
     world_spans,
 )
 
+from elastra.controller.decide.observe import parse_time
+
 STEPS_PER_WORLD = 3
 
 
 class DemoError(Exception):
     """A step of the demo did not happen; the message says which and what was seen."""
+
+
+_NEVER = datetime.min.replace(tzinfo=UTC)
 
 
 def say(message: str) -> None:
@@ -103,7 +107,9 @@ def run_demo(elastra: Elastra, *, steps_per_world: int) -> str:
     worlds = "->".join(f"v{s.version}({s.size})" for s in spans)
     resumed = ",".join(str(s.first_step) for s in spans[1:])
     downtimes = ",".join(_downtime(records, s.first_step) for s in spans[1:])
-    after_scale = ",".join(_after_scale(records[s.first_step], scaled_at) for s in spans[1:])
+    after_scale = ",".join(
+        _since_scale(records[s.first_step].ended_at, scaled_at) for s in spans[1:]
+    )
     formed = _formed_at(job.status())
     for span in spans[1:]:
         first = records[span.first_step]
@@ -111,8 +117,8 @@ def run_demo(elastra: Elastra, *, steps_per_world: int) -> str:
             f"world v{span.version} of {span.size}: training stopped "
             f"{_downtime(records, span.first_step)} (end of the step it resumed from to the end "
             f"of its first step; state from the checkpoint); formed "
-            f"{_after_scale(replace(first, ended_at=formed.get(span.version)), scaled_at)} "
-            f"after kubectl scale, its first step ended {_after_scale(first, scaled_at)} after it"
+            f"{_since_scale(formed.get(span.version), scaled_at)} after kubectl scale, its "
+            f"first step ended {_since_scale(first.ended_at, scaled_at)} after it"
         )
     return (
         f"worlds={worlds} steps={len(records)} resumed-from=[{resumed}] "
@@ -127,17 +133,22 @@ def _downtime(records: Sequence[StepRecord], step: int) -> str:
     return "?" if seconds is None else f"{seconds:.1f}s"
 
 
+def _timestamp(value: object) -> float | None:
+    """An API timestamp (RFC 3339, whole seconds) as seconds since the epoch; None if absent."""
+    moment = parse_time(value, _NEVER)
+    return None if moment == _NEVER else moment.timestamp()
+
+
 def _ready_since(pods: Sequence[dict[str, Any]], before: set[str]) -> dict[str, float]:
     """When each pod not in ``before`` turned Ready (wall clock, whole seconds as the API
     server keeps them): the part of a grow that is the new pod's start."""
     found = {}
     for pod in pods:
-        name = pod["metadata"]["name"]
         conditions = (pod.get("status") or {}).get("conditions") or []
         ready = [c for c in conditions if c.get("type") == "Ready" and c.get("status") == "True"]
-        if name not in before and ready and ready[0].get("lastTransitionTime"):
-            stamp = str(ready[0]["lastTransitionTime"]).replace("Z", "+00:00")
-            found[name] = datetime.fromisoformat(stamp).timestamp()
+        when = _timestamp(ready[0].get("lastTransitionTime")) if ready else None
+        if pod["metadata"]["name"] not in before and when is not None:
+            found[pod["metadata"]["name"]] = when
     return found
 
 
@@ -146,19 +157,19 @@ def _formed_at(status: dict[str, Any]) -> dict[int, float]:
     soon after a shrink waits for the resize policy's cooldown (30 s by default) here."""
     found = {}
     for resize in status.get("resizes") or []:
-        stamp = str(resize.get("time", "")).replace("Z", "+00:00")
-        with contextlib.suppress(ValueError, TypeError):
-            found[int(resize["toVersion"])] = datetime.fromisoformat(stamp).timestamp()
+        when = _timestamp(resize.get("time"))
+        if when is not None:
+            found[int(resize["toVersion"])] = when
     return found
 
 
-def _after_scale(first: StepRecord, scaled_at: Sequence[float]) -> str:
-    """Seconds from the last ``kubectl scale`` before a world's ``first`` step to that step's
-    end, as ``4.2s`` (the cluster is this machine: one clock)."""
-    if first.ended_at is None:
+def _since_scale(when: float | None, scaled_at: Sequence[float]) -> str:
+    """Seconds from the last ``kubectl scale`` before ``when`` (a step's end, a world's
+    formation) to it, as ``4.2s`` (the cluster is this machine: one clock)."""
+    if when is None:
         return "?"
-    before = [t for t in scaled_at if t < first.ended_at + 1]  # formed_at: whole seconds
-    return f"{max(first.ended_at - before[-1], 0):.1f}s" if before else "?"
+    before = [t for t in scaled_at if t < when + 1]  # API timestamps: whole seconds
+    return f"{max(when - before[-1], 0):.1f}s" if before else "?"
 
 
 def _percent(fraction: float | None) -> str:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from e2e.demo import _after_scale, _formed_at, _ready_since
-from e2e.trainlog import StepRecord
+from e2e.demo import _formed_at, _ready_since, _since_scale
 
 
 @pytest.mark.parametrize(
@@ -22,8 +21,7 @@ from e2e.trainlog import StepRecord
 def test_seconds_from_kubectl_scale_to_a_worlds_first_step(
     ended_at: float | None, scaled_at: list[float], expected: str
 ) -> None:
-    first = StepRecord(step=5, world_version=2, world_size=2, samples=(), ended_at=ended_at)
-    assert _after_scale(first, scaled_at) == expected
+    assert _since_scale(ended_at, scaled_at) == expected
 
 
 def test_a_new_pods_ready_time_is_read_from_its_condition() -> None:

@@ -221,13 +221,15 @@ class _Pass:
     """When a node was last seen deleted (``ResizeInput.node_lost_at``)."""
 
 
-def _own_node_lost_at(job: TrainingJob, obs: Observation) -> datetime | None:
+def _own_node_lost_at(
+    job: TrainingJob, facts: Mapping[str, PodFacts], lost_nodes: Mapping[str, datetime]
+) -> datetime | None:
     """When a node this job's pods run or ran on was last seen deleted: its world's placement
     (a vanished pod's node is known only there) and its pods' nodes. Another job's node going
     away is no break of this job's world and must not hold its resize back."""
     nodes = {p.node for p in job.status.placement}
-    nodes.update(str(p.get("spec", {}).get("nodeName", "")) for p in obs.pods)
-    return max((t for n, t in obs.lost_nodes.items() if n in nodes), default=None)
+    nodes.update(f.view.node for f in facts.values() if f.view.node)
+    return max((t for n, t in lost_nodes.items() if n in nodes), default=None)
 
 
 def _running(
@@ -264,7 +266,7 @@ def _running(
         hold=hold,
         note=admission.admitted_note(obs.job, gate),
         progress=obs.progress,
-        node_lost_at=_own_node_lost_at(job, obs),
+        node_lost_at=_own_node_lost_at(job, facts, obs.lost_nodes),
     )
     placement, backoff_left = _placement(ctx)
     impossible = (
