@@ -1,19 +1,23 @@
 """Resize downtime in step-time units: what a shrink, a grow and a plan change cost a job.
 
-Runs the example GPT under the local launcher with a 2 -> 1 -> 2 -> 2 (sharded) schedule (data
-mode) and watches rank 0's step log as it grows. The step time is the median time between two
-steps inside a world; a resize's downtime is the time from the old world's last step to the new
-world's first step, minus one step. It is split, from the trainers' own log lines, into stop +
-checkpoint (to the commit of the stop step), restart (new processes, import, rendezvous), load
-(restore of the resharded checkpoint) and the rest (the first step's extra work: DDP or FSDP
-set-up, warm-up).
+Runs the example GPT under the local launcher with a 2 -> 1 -> 2 -> 2 (micro-batches of 1) ->
+2 (sharded) schedule (data mode) twice in one run: once through storage (every world change
+restarts the trainers, which read the committed checkpoint back: ``ELASTRA_IN_MEMORY_RESIZE=0``)
+and once as the agent does by default (trainers whose pod stays move to the next world in
+their own processes and keep the state in memory; a joiner takes it from them over the new
+process group; the sharded plan, which cannot move in memory, restarts through storage). The
+step time is the median time between two steps inside a world; a resize's downtime is the time
+from the old world's last step to the new world's first step, minus one step. It is split, from
+the trainers' own log lines, into stop + checkpoint (to the commit of the stop step), state (to
+rank 0's line saying where its state came from: a restart, rendezvous and load from storage,
+or a rendezvous and a transfer from peers) and the rest (the first step's extra work).
 
 The state's size decides what a resize through storage costs, so the model is sized by flags
 (``--d-model 1024 --layers 8``: about 1.2 GB of parameters and AdamW state). The same run
 measures raw loopback TCP throughput, so a transfer of the state between peers has its yardstick
 (the issue's target: at most 3 step times plus the state's bytes at half that throughput for a
-grow or a plan change, 2 step times for a shrink). Every resize here goes through storage, the
-only path the trainers have today; the figures are ratios within this one run, never pass/fail.
+grow or a plan change, 2 step times for a shrink); the figures are ratios within this one run,
+never pass/fail.
 
 Environment: ``BENCH_RESIZE_STEPS`` (steps per world, default 15; ``--steps-per-world`` wins).
 """
@@ -38,6 +42,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from elastra_worker.agent import IN_MEMORY_RESIZE_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "worker_image" / "examples" / "train_tiny_gpt.py"
@@ -100,17 +106,21 @@ class Run:
     state_bytes: int
 
 
-def run_schedule(schedule: str, steps: int, model_args: Sequence[str]) -> Run | None:
+def run_schedule(
+    schedule: str, steps: int, model_args: Sequence[str], *, in_memory: bool
+) -> Run | None:
     """Run the example under ``elastra-worker local``, timestamping each step as it is logged;
     the run's folder (checkpoints of a gigabyte or more) is removed before returning."""
     work = Path(tempfile.mkdtemp(prefix="elastra-bench-resize-"))
     try:
-        return _run_in(work, schedule, steps, model_args)
+        return _run_in(work, schedule, steps, model_args, in_memory=in_memory)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _run_in(work: Path, schedule: str, steps: int, model_args: Sequence[str]) -> Run | None:
+def _run_in(
+    work: Path, schedule: str, steps: int, model_args: Sequence[str], *, in_memory: bool
+) -> Run | None:
     log = work / "steps.jsonl"
     arrivals: dict[int, tuple[float, dict[str, Any]]] = {}
     done = threading.Event()
@@ -129,6 +139,7 @@ def _run_in(work: Path, schedule: str, steps: int, model_args: Sequence[str]) ->
     watcher = threading.Thread(target=tail, daemon=True)
     watcher.start()
     env = dict(os.environ, ELASTRA_THREADS="1", OMP_NUM_THREADS="1")
+    env[IN_MEMORY_RESIZE_ENV] = "1" if in_memory else "0"
     cmd = [
         sys.executable, "-m", "elastra_worker.cli", "local", "--schedule", schedule,
         "--steps", str(steps), "--checkpoint-dir", str(work / "ckpt"), "--log", str(log),
@@ -179,19 +190,18 @@ def report(run: Run, *, entries: Sequence[str], loopback: float, state: int) -> 
         t_last, t_first = run.arrivals[last][0], run.arrivals[first][0]
         downtime = t_first - t_last - step_s
         commit = first_after(t_last, rf"rank 0 committed step {last + 1}\b")
-        joined = first_after(t_last, rf"rank 0/\d+ joined world version {new}\b")
-        restored = first_after(t_last, r"rank 0 restored step")
+        resumed = first_after(t_last, r"rank 0 (restored|resumed) step")
         parts = ""
-        if commit and joined and restored:
+        if commit and resumed:
             parts = (
                 f" = stop+checkpoint {(commit - t_last) / step_s:.1f}"
-                f" + restart {(joined - commit) / step_s:.1f}"
-                f" + load {(restored - joined) / step_s:.1f}"
-                f" + first step {(t_first - restored) / step_s - 1:.1f}"
+                f" + state {(resumed - commit) / step_s:.1f}"
+                f" + first step {(t_first - resumed) / step_s - 1:.1f}"
             )
+        source = run.arrivals[first][1].get("stateFrom", "?")
         print(
-            f"  world {old} -> {new} ({entry[old]} -> {entry[new]}): {downtime:.2f} s"
-            f" = {downtime / step_s:.1f} step times{parts}"
+            f"  world {old} -> {new} ({entry[old]} -> {entry[new]}, state from {source}): "
+            f"{downtime:.2f} s = {downtime / step_s:.1f} step times{parts}"
         )
 
 
@@ -205,14 +215,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     n = args.steps_per_world
-    schedule = f"2:0,1:{n},2:{2 * n},2:{3 * n}:sharding=full"
+    schedule = f"2:0,1:{n},2:{2 * n},2:{3 * n}:mb=1,2:{4 * n}:sharding=full"
     loopback = loopback_throughput()
     model = ["--d-model", str(args.d_model), "--layers", str(args.layers)]
     print(f"resize downtime, schedule {schedule}, tiny GPT d={args.d_model} x{args.layers}")
-    run = run_schedule(schedule, 4 * n, model)
-    if run is None:
-        return 1
-    report(run, entries=schedule.split(","), loopback=loopback, state=run.state_bytes)
+    for title, in_memory in (("restart and storage", False), ("in memory and peers", True)):
+        print(f"{title}:")
+        run = run_schedule(schedule, 5 * n, model, in_memory=in_memory)
+        if run is None:
+            return 1
+        report(run, entries=schedule.split(","), loopback=loopback, state=run.state_bytes)
     return 0
 
 

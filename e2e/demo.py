@@ -116,7 +116,7 @@ def run_demo(elastra: Elastra, *, steps_per_world: int) -> str:
         say(
             f"world v{span.version} of {span.size}: training stopped "
             f"{_downtime(records, span.first_step)} (end of the step it resumed from to the end "
-            f"of its first step; state from the checkpoint); formed "
+            f"of its first step; rank 0's state from {first.state_from or '?'}); formed "
             f"{_since_scale(formed.get(span.version), scaled_at)} after kubectl scale, its "
             f"first step ended {_since_scale(first.ended_at, scaled_at)} after it"
         )

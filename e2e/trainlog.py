@@ -11,7 +11,9 @@ a static run. Two sources, both written by the worker runtime (elastra_worker):
   rewrites the records of the steps it redoes, so the file holds exactly one record per step,
   each from the world that finally trained it.
 - the worker pods' logs: ``rank 0 committed step N`` when a checkpoint is committed and
-  ``rank 0 restored step N ... into a world of W`` when a new world loads it.
+  ``rank 0 restored step N ... into a world of W`` when a new world loads it, or ``rank 0
+  resumed step N from memory|peers ... into a world of W`` when it keeps the state a survivor
+  of the resize holds (the survivors committed that step before they moved).
 
 Pure functions over text, so they are tested without a cluster (e2e/suite/test_trainlog.py).
 """
@@ -26,7 +28,9 @@ from dataclasses import dataclass
 from elastra_worker.dataorder import DataOrder
 
 _COMMITTED = re.compile(r"^(\S+ \S+) .*\brank 0 committed step (\d+)\b")
-_RESTORED = re.compile(r"^(\S+ \S+) .*\brank 0 restored step (\d+) .*into a world of (\d+)")
+_RESTORED = re.compile(
+    r"^(\S+ \S+) .*\brank 0 (?:restored|resumed) step (\d+) .*into a world of (\d+)"
+)
 
 
 class TrainLogError(AssertionError):
@@ -45,6 +49,9 @@ class StepRecord:
     """The job's goodput at this step (a fraction; from a world's second step on)."""
     ended_at: float | None = None
     """When the step ended, wall-clock seconds since the epoch (rank 0's clock)."""
+    state_from: str | None = None
+    """On a resumed world's first step: where rank 0's state came from (memory, peers,
+    storage)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,7 @@ def parse_step_log(text: str) -> list[StepRecord]:
                     downtime_s=_seconds(raw.get("resizeDowntimeSeconds")),
                     goodput=_seconds(raw.get("goodput")),
                     ended_at=_seconds(raw.get("endedAt")),
+                    state_from=raw.get("stateFrom"),
                 )
             )
         except (ValueError, KeyError, TypeError) as err:

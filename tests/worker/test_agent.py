@@ -307,6 +307,10 @@ def test_resize_through_assignment_files_then_sigterm(tmp_path: Path) -> None:
         stop_step = min(k for k, v in by_version.items() if v == 2)
         assert sorted(by_version) == list(range(len(by_version)))  # no step lost or repeated
         assert all(v == 1 for k, v in by_version.items() if k < stop_step)
+        # pod 0 stays with one trainer: the same process moved to version 2, state in memory
+        state = agent_state(pods[0])
+        assert (state["trainerStarts"], state["resizesInMemory"]) == (1, 1), state
+        assert records()[stop_step]["stateFrom"] == "memory"
 
         # Preemption: SIGTERM -> checkpoint of the current step, exit 0, within the grace.
         wait_for(lambda: len(records()) >= stop_step + 2, 120, "steps in version 2")

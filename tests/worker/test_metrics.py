@@ -4,7 +4,9 @@ a figure the report does not carry (yet) is left out rather than exported as zer
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
+from elastra_worker.metrics import WorkerCollector
 from tests.unit.controller.test_progress import worker_page as page
 
 
@@ -18,6 +20,11 @@ from tests.unit.controller.test_progress import worker_page as page
             4096,
             'elastra_worker_state_loaded_bytes{state_from="storage"} 4096.0',
         ),
+        (
+            "stateBytesFromPeers",
+            8192,
+            'elastra_worker_state_loaded_bytes{state_from="peers"} 8192.0',
+        ),
         ("goodput", 0.75, "elastra_worker_goodput 0.75"),
     ],
 )
@@ -29,3 +36,12 @@ def test_a_reported_figure_is_exported_and_an_absent_one_left_out(
     without = page({"step": 3, key: None})
     assert name not in without, "a figure not known yet is no sample at all"
     assert "elastra_worker_step 3.0" in without
+
+
+def test_the_agents_resize_counts_are_exported_by_path() -> None:
+    registry = CollectorRegistry()
+    state = {"worldVersion": 4, "resizesInMemory": 2, "resizesRestarted": 1}
+    registry.register(WorkerCollector(lambda: {"step": 3}, lambda: state))
+    lines = generate_latest(registry).decode().splitlines()
+    assert 'elastra_worker_resizes_total{path="memory"} 2.0' in lines
+    assert 'elastra_worker_resizes_total{path="restart"} 1.0' in lines

@@ -8,6 +8,13 @@ and commit a checkpoint of it; then it starts fresh trainers in the new world, w
 checkpoint resharded. Trainers are new processes with a new rendezvous namespace every time, so
 nothing of the previous world (store keys, peer addresses, a half-dead process group) survives.
 
+A pod that stays in the new world with as many trainers lets them move there in memory: before
+the stop, the agent offers the new assignment (``next.json``); trainers that can move report
+``continued``, join the new version's rendezvous in their own processes and keep their state
+(``session/carry.py``), and the agent keeps them as the new world's trainers. A trainer that
+cannot move exits stopped as before, and the new world starts fresh trainers (the fallback; the
+state file counts both: ``resizesInMemory``, ``resizesRestarted``).
+
 If the old world cannot stop (a member vanished and the survivors block in a collective), the
 agent kills its trainers after ``stop_timeout_s``: the new world resumes from the last good
 checkpoint instead of waiting for a collective timeout. SIGTERM (eviction, preemption, scale-in)
@@ -55,7 +62,10 @@ from .torchrun import (
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["done", "stopped", "failed", "peers_lost", "terminated", "invalid"]
+IN_MEMORY_RESIZE_ENV = "ELASTRA_IN_MEMORY_RESIZE"
+"""``0``: every world change restarts the trainers (``AgentConfig.in_memory_resize``)."""
+
+Outcome = Literal["done", "stopped", "continued", "failed", "peers_lost", "terminated", "invalid"]
 
 
 @dataclass
@@ -81,6 +91,9 @@ class AgentConfig:
     grace_s: float = 25.0
     state_file: Path | None = None
     warm_start: bool = True
+    in_memory_resize: bool = True
+    """Offer trainers the next world version so they move there in their own processes
+    (``session/carry.py``); off: every world change restarts the trainers."""
     launch: Launch = "elastra"
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
@@ -97,11 +110,17 @@ class Agent:
         self._terminating = False
         self._finished_version: int | None = None
         self._said_waiting = False
-        self.state: dict[str, Any] = {"phase": "waiting", "trainerStarts": 0}
+        self.state: dict[str, Any] = {
+            "phase": "waiting", "trainerStarts": 0, "resizesInMemory": 0, "resizesRestarted": 0,
+        }  # fmt: skip
         self._warm_argv = warm_command(config.command) if config.warm_start else None
         self._standbys: list[subprocess.Popen[bytes]] = []
         self._worlds_started = 0
         self._stopped_clean: int | None = None
+        self._carried: tuple[Assignment, list[subprocess.Popen[bytes]]] | None = None
+        """The world version trainers moved to in memory, and those trainers."""
+        self._offered: Assignment | None = None
+        """The next world version offered to the running trainers (``_offer_next``)."""
         """torchrun mode: the world version whose script last exited 0 on a stop here."""
 
     # ---- state ------------------------------------------------------------------------------
@@ -188,7 +207,8 @@ class Agent:
             if self._terminating:
                 self._set_state(phase="terminated")
                 return exitcodes.OK
-            a = self._read()
+            carried, self._carried = self._carried, None
+            a = self._read() if carried is None else carried[0]
             if a is not None and a.stop:
                 log.info("assignment says stop: exiting")
                 self._set_state(phase="stopped", worldVersion=a.world_version)
@@ -211,8 +231,10 @@ class Agent:
                 continue
             assert a is not None
             self._said_waiting = False
-            outcome = self._run_world(a)
+            outcome = self._run_world(a, None if carried is None else carried[1])
             self._finished_version = a.world_version
+            if outcome == "continued":
+                continue
             if outcome == "done":
                 self._set_state(phase="done", worldVersion=a.world_version)
                 return exitcodes.OK
@@ -279,9 +301,20 @@ class Agent:
         )
         return env
 
-    def _run_world(self, a: Assignment) -> Outcome:
-        """Run the trainers of world ``a`` until they all exit or are killed."""
+    def _run_world(
+        self, a: Assignment, carried: list[subprocess.Popen[bytes]] | None = None
+    ) -> Outcome:
+        """Run the trainers of world ``a`` (new ones, or ``carried`` from the previous world
+        in memory) until they all exit, are killed, or move to the next world in memory."""
         self.control.reset()
+        self._offered = None
+        if carried is not None:
+            log.info("world version %d: its trainers moved here in memory", a.world_version)
+            self._set_state(
+                phase="running", worldVersion=a.world_version, worldSize=a.world_size,
+                rank=a.rank, resizesInMemory=self.state["resizesInMemory"] + 1,
+            )  # fmt: skip
+            return self._watch_trainers(a, carried)
         log.info(
             "world version %d: ranks %d..%d of %d",
             a.world_version,
@@ -357,15 +390,23 @@ class Agent:
                     return "terminated"
                 return "peers_lost" if {c for _, c in bad} == {exitcodes.PEERS_LOST} else "failed"
             if all(c == 0 for c in codes):
+                if self._offered is not None:  # offered the next world, but they restart
+                    self._set_state(resizesRestarted=self.state["resizesRestarted"] + 1)
                 return self._trainers_exit(len(procs), terminated=terminated)
+            if self._offered is not None and self._all_in(len(procs), "continued"):
+                self._carried = (self._offered, procs)
+                return "continued"
+            if self.state["phase"] == "running" and self._all_in(len(procs), "parked"):
+                self._set_state(phase="stopped")  # the world reached its stop step
             if self._terminating and not terminated:
                 terminated = True
-                self.control.request_stop("SIGTERM")
+                self.control.request_stop("SIGTERM", world_version=a.world_version)
                 stop_sent = True
                 deadline = self.clock() + self.config.grace_s
             if not stop_sent and (why := self._stop_reason(a)) is not None:
                 log.info("asking trainers to stop at the next step boundary (%s)", why)
-                self.control.request_stop(why)
+                self._offer_next(a)
+                self.control.request_stop(why, world_version=a.world_version)
                 stop_sent = True
                 deadline = self.clock() + self._stop_timeout()
             if deadline is not None and self.clock() >= deadline:
@@ -373,6 +414,33 @@ class Agent:
                 _kill_all(procs)
                 return "terminated" if terminated else "failed"
             time.sleep(self.config.poll_s)
+
+    def _offer_next(self, a: Assignment) -> None:
+        """Offer the next world version to the trainers of ``a`` when this pod stays in it
+        with as many trainers (they decide whether they can move: ``carry.why_not_carried``)."""
+        newer = self._read()
+        keeps_pod = (
+            self.config.in_memory_resize
+            and newer is not None
+            and newer.world_version > a.world_version
+            and not newer.stop
+            and not newer.waiting
+            and not newer.peers_lost
+            and newer.local_world_size == a.local_world_size
+        )
+        if keeps_pod and newer is not None:
+            self.control.offer_next(newer.to_json())
+            self._offered = newer
+
+    def _all_in(self, count: int, state: str) -> bool:
+        """Whether every trainer reported ``state``: ``continued`` into the offered world
+        version, or ``parked`` at this world's stop step."""
+        version = self._offered.world_version if state == "continued" and self._offered else None
+        statuses = [self.control.status(lr) for lr in range(count)]
+        return all(
+            s is not None and s.state == state and (version is None or s.world_version == version)
+            for s in statuses
+        )
 
     def _trainers_exit(self, count: int, *, terminated: bool) -> Outcome:
         """All Session trainers exited 0: done or stopped, as their status files say."""

@@ -9,7 +9,7 @@ a stop request and on SIGTERM (blocking until committed)::
 
     with Session.from_env() as sess:                     # joins this world version's rendezvous
         torch.manual_seed(sess.seed)
-        model = sess.prepare(Net().to(sess.device))      # DDP (or yours: DDP/FSDP), bitwise: bare
+        model = sess.prepare(Net().to(sess.device))      # DDP on GPUs (or yours), bare on CPU
         opt = torch.optim.AdamW(model.parameters())
         sess.restore(model, opt)                         # newest good checkpoint, resharded
         for batch in sess.batches(dataset_size=len(ds), total_steps=1000):
@@ -71,7 +71,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from .assignment import Assignment
+from .assignment import Assignment, Consistency, ParallelPlan, Precision, RankCoord
 from .control import ControlDir
 from .errors import install_hook
 from .faults import Faults
@@ -131,12 +131,6 @@ class Session:
             collective_timeout_s=collective_timeout_s,
         )
         self._world = world
-        self.assignment, self.local_rank, self.rank = assignment, local_rank, world.rank
-        self.world_size, self.seed = world.world_size, world.seed
-        self.consistency, self.plan, self.coord = world.consistency, world.plan, world.coord
-        self.dp_rank = world.dp_rank
-        self.precision = world.precision
-        """``training.precision``: what forward and backward compute in (``precision.py``)."""
         self.device = world.device
         self.control, self.step_log, self.faults = control, step_log, faults or Faults()
         self.stall_watch = stall_watch or StallWatch()
@@ -165,6 +159,49 @@ class Session:
         self._recorder, self._checkpoints = uses.recorder, uses.checkpoints
         self._restored: Manifest | None = None
         self._prev_sigterm: Any = None
+
+    # ---- this rank's place in the world (a survivor of a resize moves to the new one) --------
+
+    @property
+    def assignment(self) -> Assignment:
+        return self._world.assignment
+
+    @property
+    def local_rank(self) -> int:
+        return self._world.local_rank
+
+    @property
+    def rank(self) -> int:
+        return self._world.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world.world_size
+
+    @property
+    def seed(self) -> int:
+        return self._world.seed
+
+    @property
+    def consistency(self) -> Consistency:
+        return self._world.consistency
+
+    @property
+    def plan(self) -> ParallelPlan:
+        return self._world.plan
+
+    @property
+    def coord(self) -> RankCoord:
+        return self._world.coord
+
+    @property
+    def dp_rank(self) -> int:
+        return self._world.dp_rank
+
+    @property
+    def precision(self) -> Precision:
+        """``training.precision``: what forward and backward compute in (``precision.py``)."""
+        return self._world.precision
 
     # ---- construction ---------------------------------------------------------------------
 
@@ -236,7 +273,8 @@ class Session:
     ) -> nn.Module:
         """Wrap ``model`` for this consistency mode and plan (``session/model.py`` says how).
 
-        ``none``/``data``: DDP for a bare module, FSDP2 when the plan shards; ``bitwise``: bare.
+        ``none``/``data``: DDP for a bare module on GPUs (bare on CPU, the session reducing its
+        gradients, so it survives a world change), FSDP2 when the plan shards; ``bitwise``: bare.
         A tensor-parallel plan first splits the model by ``parallelize(model, tp_mesh)`` (your
         own split) or the known Llama block layout. ``blocks`` names the module holding the
         blocks where ``parallel.blocks.find_blocks`` would not find them. The plan's

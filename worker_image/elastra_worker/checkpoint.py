@@ -208,7 +208,11 @@ class Checkpointer:
         keep: int,
         thread_count: int = 4,
         after_write: Callable[[int], None] | None = None,
+        read_latest: bool = True,
     ) -> None:
+        """``read_latest=False``: leave ``last_committed_step`` unknown (``None``) instead of
+        reading the root's ``latest`` pointer; for a caller that learns it otherwise (a
+        restore, or the peers that hold the state)."""
         self.root = root
         self.group = group
         self.world_version = world_version
@@ -219,7 +223,7 @@ class Checkpointer:
         self._async_error: BaseException | None = None
         self._async_result: SaveResult | None = None
         self._async_step = 0
-        self.last_committed_step: int | None = root.latest_step()
+        self.last_committed_step: int | None = root.latest_step() if read_latest else None
         # Steps this world verified (restored or saved): pruning keeps these, not step numbers.
         self.restored_step: int | None = None
         self.verified: set[int] = set()

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import exitcodes
-from .agent import Agent, AgentConfig
+from .agent import IN_MEMORY_RESIZE_ENV, Agent, AgentConfig
 from .assignment import (
     DEFAULT_PRECISION,
     PRECISIONS,
@@ -57,6 +57,7 @@ def _run(args: argparse.Namespace, command: list[str]) -> int:
             grace_s=args.grace,
             state_file=Path(args.state_file) if args.state_file else None,
             warm_start=os.environ.get("ELASTRA_WARM_START", "1") != "0",
+            in_memory_resize=os.environ.get(IN_MEMORY_RESIZE_ENV, "1") != "0",
             launch=args.launch or launch_from_env(),
         )
     )

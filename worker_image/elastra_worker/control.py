@@ -7,8 +7,13 @@ trainer can act on it, and costs one ``stat``.
 
 - ``stop``: written by the agent; asks the trainers to stop at the next step boundary,
   checkpoint, and exit 0 (a new world version, ``stop: true``, or SIGTERM to the pod).
+- ``next.json``: written by the agent before it asks for a stop on a new world version that
+  keeps this pod (same number of trainers): the new assignment, which a trainer may join in
+  the same process, keeping its state in memory (``session/carry.py``).
 - ``status-<local rank>.json``: written by a trainer as it exits: ``done`` (the script finished
-  its steps) or ``stopped`` (it stopped on request), with the step and the checkpoint step.
+  its steps) or ``stopped`` (it stopped on request), with the step and the checkpoint step; or,
+  still running, ``continued`` into the world version of ``next.json``, or ``parked`` (its world
+  reached its stop step; it waits for ``next.json`` or ``stop``).
 - ``progress-<local rank>.json``: written by a trainer after every step (step, loss, step
   seconds, samples/s, tokens/s when known, last checkpoint step); the agent serves it as
   Prometheus metrics, which the operator reads into the job's status. A torchrun-mode script
@@ -28,8 +33,9 @@ from typing import Any, Literal
 CONTROL_DIR_ENV = "ELASTRA_CONTROL_DIR"
 PROGRESS_FILE_ENV = "ELASTRA_PROGRESS_FILE"
 STOP = "stop"
+NEXT = "next.json"
 
-ExitState = Literal["done", "stopped"]
+ExitState = Literal["done", "stopped", "continued", "parked"]
 
 
 def _write_json(path: Path, obj: Mapping[str, Any]) -> None:
@@ -51,7 +57,8 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class TrainerStatus:
-    """How a trainer left: finished or stopped on request, at which step."""
+    """How a trainer left (finished, stopped on request) or moved on (continued in the next
+    world version), at which step."""
 
     state: ExitState
     step: int
@@ -73,14 +80,26 @@ class ControlDir:
             if entry.is_file():
                 entry.unlink()
 
-    def request_stop(self, reason: str) -> None:
-        """Ask the trainers to stop at the next step boundary."""
-        _write_json(self.path / STOP, {"reason": reason})
+    def request_stop(self, reason: str, *, world_version: int) -> None:
+        """Ask the trainers of ``world_version`` to stop at the next step boundary."""
+        _write_json(self.path / STOP, {"reason": reason, "worldVersion": world_version})
+
+    def clear_requests(self) -> None:
+        """The trainers continued in the next world version: the stop and the offer are spent."""
+        for name in (STOP, NEXT):
+            (self.path / name).unlink(missing_ok=True)
+
+    def offer_next(self, assignment_json: str | None) -> None:
+        """Offer the next world version's assignment to the trainers (``None``: withdraw it)."""
+        if assignment_json is None:
+            (self.path / NEXT).unlink(missing_ok=True)
+        else:
+            _write_json(self.path / NEXT, {"assignment": assignment_json})
 
     def status(self, local_rank: int) -> TrainerStatus | None:
         """The exit report of trainer ``local_rank``, if it wrote one."""
         raw = _read_json(self.path / f"status-{local_rank}.json")
-        if raw is None or raw.get("state") not in ("done", "stopped"):
+        if raw is None or raw.get("state") not in ("done", "stopped", "continued", "parked"):
             return None
         ckpt = raw.get("checkpointStep")
         return TrainerStatus(
@@ -99,9 +118,21 @@ class ControlDir:
         return _read_json(self.progress_path(local_rank))
 
     # trainer side
-    def stop_requested(self) -> bool:
-        """True once the agent has asked for a stop."""
-        return (self.path / STOP).exists()
+    def stop_requested(self, world_version: int) -> bool:
+        """True once the agent has asked the trainers of ``world_version`` to stop (a stop
+        for an earlier version, which a trainer that continued has acted on, is not one)."""
+        path = self.path / STOP
+        if not path.exists():  # one stat per step in the common case
+            return False
+        raw = _read_json(path)
+        asked = None if raw is None else raw.get("worldVersion")
+        return not isinstance(asked, int) or asked >= world_version
+
+    def next_assignment(self) -> str | None:
+        """The next world version's assignment (JSON) the agent offered, if any."""
+        raw = _read_json(self.path / NEXT)
+        value = None if raw is None else raw.get("assignment")
+        return value if isinstance(value, str) else None
 
     def write_status(self, local_rank: int, status: TrainerStatus) -> None:
         """Report how this trainer is leaving."""

@@ -6,14 +6,16 @@ first step (which includes that step's own compute, so a resize that costs nothi
 one step time; after a failure, the steps lost since the last checkpoint count too). The old
 world writes the wall-clock end of the step it checkpoints into the checkpoint's manifest
 (``lastStepAt``); the new world's ranks read it when they restore and, after their first step,
-know the gap. Rank 0 records it in the step
+know the gap. A survivor that moves to the new world in its own process (``session/carry.py``)
+knows its own last step's end. Rank 0 records it in the step
 log (``resizeDowntimeSeconds``, ``stateFrom``) and reports it with its progress, which the
 agent exports as ``elastra_worker_resize_downtime_seconds`` and the operator copies into the
 job's ``status.resizes``.
 
 Wall clocks of two nodes are compared (the old world's rank 0 and the new one's): the figure
 is as good as the nodes' clock synchronisation (NTP keeps it to milliseconds on managed
-clusters). State comes from storage today (the committed checkpoint), said in ``stateFrom``.
+clusters). Where the state came from is said in ``stateFrom``: ``memory`` (a survivor kept it),
+``peers`` (a joiner took it from a survivor) or ``storage`` (the committed checkpoint).
 
 The same clock gives the job's goodput: the fraction of wall time since the job's first step
 that went into steps the job kept. Within a world, the time between two consecutive step ends
@@ -41,6 +43,10 @@ GOODPUT = "goodput"
 """Step-log and progress key: the job's goodput (a fraction) at that step."""
 FROM_STORAGE = "storage"
 """State read back from the committed checkpoint (the volume or object storage)."""
+FROM_PEERS = "peers"
+"""State received from a member of the new world that held it in memory."""
+FROM_MEMORY = "memory"
+"""State kept in memory by a trainer that moved to the new world in its own process."""
 
 
 @dataclass(frozen=True)
@@ -77,15 +83,29 @@ class ResizeClock:
     """Wall-clock end of the job's first step (restored, or this world's)."""
     trained_s: float = 0.0
     """The job's training time up to this world's newest step (the goodput's numerator)."""
+    state_from: str = FROM_STORAGE
+    """Where this world's state came from (``FROM_*``)."""
 
-    def restored(self, manifest_version: int, extra: Mapping[str, Any]) -> None:
-        """State was loaded from a checkpoint written by world ``manifest_version``."""
+    def restored(
+        self, manifest_version: int, extra: Mapping[str, Any], *, state_from: str = FROM_STORAGE
+    ) -> None:
+        """State was loaded from a checkpoint written by world ``manifest_version`` (or, with
+        ``state_from=FROM_PEERS``, received from a peer that held that checkpoint's step)."""
         ended = extra.get(LAST_STEP_AT)
+        self.state_from = state_from
         if manifest_version != self.world_version and isinstance(ended, int | float):
             self.restored_from = (manifest_version, float(ended))
         first, trained = extra.get(FIRST_STEP_AT), extra.get(TRAINED_SECONDS)
         if isinstance(first, int | float) and isinstance(trained, int | float) and trained >= 0:
             self.first_step_at, self.trained_s = float(first), float(trained)
+
+    def moved(self, to_version: int) -> None:
+        """This trainer moved to world ``to_version`` keeping its state in memory: the new
+        world's first step is measured from this world's last one."""
+        if self.last_step_at is not None:
+            self.restored_from = (self.world_version, self.last_step_at)
+        self.world_version, self.state_from = to_version, FROM_MEMORY
+        self.last_step_at, self.resumption = None, None
 
     def stepped(self, now: float) -> dict[str, Any]:
         """A step ended at ``now`` (wall clock): the fields its record gains: the job's goodput
@@ -98,7 +118,8 @@ class ResizeClock:
         self.last_step_at = now
         if first and self.restored_from is not None:
             version, ended = self.restored_from
-            self.resumption = Resumption(version, self.world_version, max(0.0, now - ended))
+            downtime = max(0.0, now - ended)
+            self.resumption = Resumption(version, self.world_version, downtime, self.state_from)
             return {**self._goodput_field(), **self.resumption.to_record()}
         return self._goodput_field()
 

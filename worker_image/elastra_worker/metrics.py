@@ -15,7 +15,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from .downtime import FROM_STORAGE
+from .downtime import FROM_PEERS, FROM_STORAGE
 
 METRICS_PORT_ENV = "ELASTRA_METRICS_PORT"
 DEFAULT_METRICS_PORT = 9400
@@ -102,17 +102,35 @@ class WorkerCollector(Collector):
                 FROM_STORAGE,
                 progress.get("stateBytesFromStorage"),
             ),
+            (
+                "elastra_worker_state_loaded_bytes",
+                "Bytes of model and optimizer state this world's restore loaded into the pod's "
+                "first trainer, by where they came from",
+                FROM_PEERS,
+                progress.get("stateBytesFromPeers"),
+            ),
         ]
+        families: dict[str, GaugeMetricFamily] = {}
         for name, doc, source, value in by_source:
             if isinstance(value, int | float):
-                g = GaugeMetricFamily(name, doc, labels=["state_from"])
-                g.add_metric([source], float(value))
-                yield g
+                if name not in families:
+                    families[name] = GaugeMetricFamily(name, doc, labels=["state_from"])
+                families[name].add_metric([source], float(value))
+        yield from families.values()
         c = CounterMetricFamily(
             "elastra_worker_trainer_starts", "Trainer processes started by this agent"
         )
         c.add_metric([], float(state.get("trainerStarts", 0)))
         yield c
+        resizes = CounterMetricFamily(
+            "elastra_worker_resizes",
+            "World changes this pod stayed in, by how its trainers crossed them: in memory "
+            "(same processes) or restarted (new processes, state through the checkpoint)",
+            labels=["path"],
+        )
+        resizes.add_metric(["memory"], float(state.get("resizesInMemory", 0)))
+        resizes.add_metric(["restart"], float(state.get("resizesRestarted", 0)))
+        yield resizes
 
 
 def serve(port: int, collector: WorkerCollector) -> CollectorRegistry:

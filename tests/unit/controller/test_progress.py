@@ -163,6 +163,8 @@ def worker_page(progress: dict[str, Any]) -> str:
     ("reported", "downtime", "state_from"),
     [
         ({"resizeDowntimeSeconds": 7.25, "stateFrom": "storage"}, 7.25, "storage"),
+        ({"resizeDowntimeSeconds": 0.5, "stateFrom": "memory"}, 0.5, "memory"),
+        ({"resizeDowntimeSeconds": 1.5, "stateFrom": "peers"}, 1.5, "peers"),
         ({"resizeDowntimeSeconds": 7.25, "stateFrom": 'a"b'}, 7.25, None),  # unknown source
         ({}, None, None),  # a first world reports none
     ],

@@ -26,13 +26,14 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from ..checkpoint import Checkpointer
-from ..downtime import ResizeClock
+from ..downtime import FROM_PEERS, ResizeClock
 from ..errors import PermanentError, RetryableError
 from ..faults import Faults
 from ..layout import CheckpointError, CheckpointRoot, CheckpointStore, Manifest, UnusableRootError
 from ..objectstore import ObjectCheckpointRoot
 from .data import DataPosition
 from .model import ModelParts
+from .peers import NOTHING_HELD, Transfer, agree_source, share_state
 from .state import ExtraState, Settings
 from .world import World
 
@@ -72,11 +73,17 @@ class CheckpointManager:
         self._async_group: dist.ProcessGroup | None = None
         self._blocking_s: float | None = None
         self._restored_bytes: int | None = None
+        self._peer_transfer: Transfer | None = None
+        self.held: Manifest | None = None
+        """What this rank's memory holds: the manifest of the newest step saved or restored
+        (``files`` empty where it came from a peer), the state a joiner can take from here."""
 
     def open(self) -> None:
         """Probe the job's root (after the world is joined): an unusable root is permanent,
-        storage out of reach retryable (``errors.RetryableError``: a new world tries again)."""
+        storage out of reach retryable (``errors.RetryableError``: a new world tries again).
+        Again after ``World.rejoin``: the checkpointer is bound to the world's group."""
         a = self._world.assignment
+        previous = self._checkpointer
         if self._settings.async_checkpoint:
             self._async_group = self._world.gloo_group()
         root: CheckpointStore = (
@@ -97,7 +104,12 @@ class CheckpointManager:
             keep=a.checkpoint.keep,
             thread_count=int(os.environ.get("ELASTRA_CHECKPOINT_THREADS", "4")),
             after_write=self._faults.in_save,
+            read_latest=False,  # restore() learns it, from storage or from the peers
         )
+        if previous is not None:  # a survivor's new world: what it committed and verified
+            ckpt = self._checkpointer
+            ckpt.last_committed_step = previous.last_committed_step
+            ckpt.restored_step, ckpt.verified = previous.restored_step, previous.verified
 
     @property
     def opened(self) -> bool:
@@ -130,6 +142,12 @@ class CheckpointManager:
             if background is None
             else round(background.seconds, 4),
             "stateBytesFromStorage": self._restored_bytes,
+            "stateBytesFromPeers": None
+            if self._peer_transfer is None
+            else self._peer_transfer.bytes,
+            "peerTransferSeconds": None
+            if self._peer_transfer is None
+            else round(self._peer_transfer.seconds, 4),
         }
 
     def wait(self) -> int | None:
@@ -138,13 +156,83 @@ class CheckpointManager:
         return self.checkpointer.last_committed_step
 
     def restore(self) -> Manifest | None:
-        """Load the newest good checkpoint into the parts and the registered state; its manifest,
-        or ``None`` (everything left untouched) when the job has none yet. Collective."""
+        """Load the newest state into the parts and the registered state: from a member of
+        this world that holds it in memory (a survivor of the resize) if any, else from the
+        newest good checkpoint; its manifest, or ``None`` (everything left untouched) when the
+        job has none yet. Collective: the survivors meet it in ``share_with_joiners``."""
+        holders = agree_source(NOTHING_HELD, group=self._world.group)
+        if holders.source is not None:
+            return self._receive(holders.source)
         ckpt = self.checkpointer
         manifest = ckpt.find_loadable()
         if manifest is not None:
             self._load(manifest)
         ckpt.last_committed_step = None if manifest is None else manifest.step
+        self.held = manifest
+        return manifest
+
+    def share_with_joiners(self) -> None:
+        """A survivor in its new world: agree with the members on who holds the state (the
+        joiners ask in ``restore``) and, if some member lacks it, send it from the lowest
+        rank that holds it. Collective."""
+        held = self.held
+        holders = agree_source(NOTHING_HELD if held is None else held.step, group=self._world.group)
+        if holders.source is None or holders.all_hold:
+            return
+        if held is None or held.step != holders.newest:
+            raise RuntimeError(
+                f"rank {self._world.rank} holds step {None if held is None else held.step}, "
+                f"another member step {holders.newest}: survivors of one world hold one step"
+            )
+        self._transfer(holders.source, held, self._state()[0])
+        assert self._peer_transfer is not None
+        if self._world.rank == holders.source:
+            log.info(
+                "rank %d sent step %d to the world's joiners: %.1f MB in %.2fs",
+                self._world.rank,
+                held.step,
+                self._peer_transfer.bytes / 1e6,
+                self._peer_transfer.seconds,
+            )
+
+    def _transfer(
+        self, src: int, held: Manifest | None, state: dict[str, Any]
+    ) -> tuple[Manifest, dict[str, Any], dict[str, Any]]:
+        """Send (rank ``src``) or receive in place the tensors of ``state`` (``_state``'s);
+        every rank gets the source's manifest, non-tensor optimizer entries and replicated
+        blobs (registered objects, user state)."""
+        tensors = {f"{kind}/{k}": v for kind in ("model", "optim")
+                   for k, v in state[kind].items() if isinstance(v, torch.Tensor)}  # fmt: skip
+        box: list[Any] = [None]
+        if self._world.rank == src:
+            plain = {k: v for k, v in state["optim"].items() if not isinstance(v, torch.Tensor)}
+            box = [(held, plain, self._extra.replicated())]
+        dist.broadcast_object_list(box, src=src, group=self._world.group)
+        self._peer_transfer = share_state(tensors, src=src, group=self._world.group)
+        manifest, plain, replicated = box[0]
+        return manifest, plain, replicated
+
+    def _receive(self, src: int) -> Manifest:
+        """A joiner: take the state from rank ``src``, which holds it in memory; nothing of
+        the checkpoint root is read."""
+        state, keys = self._state()
+        manifest, plain, replicated = self._transfer(src, None, state)
+        state["optim"].update(plain)
+        self._extra.load(replicated, manifest)
+        self._apply(state, keys)
+        self._clock.restored(manifest.world_version, manifest.extra, state_from=FROM_PEERS)
+        ckpt = self.checkpointer  # the survivors committed this step at the stop: kept by prune
+        ckpt.last_committed_step = ckpt.restored_step = manifest.step
+        ckpt.verified.add(manifest.step)
+        self.held = manifest
+        assert self._peer_transfer is not None
+        w = self._world
+        log.info(
+            "rank %d resumed step %d from peers (rank %d sent %.1f MB in %.2fs) into a world of "
+            "%d (plan %s)",
+            w.rank, manifest.step, src, self._peer_transfer.bytes / 1e6,
+            self._peer_transfer.seconds, w.world_size, w.plan.label,
+        )  # fmt: skip
         return manifest
 
     def _state(self) -> tuple[dict[str, Any], list[tuple[set[str], set[str]]]]:
@@ -169,11 +257,7 @@ class CheckpointManager:
         ckpt.load(state, manifest)
         self._restored_bytes = _tensor_bytes(state["model"]) + _tensor_bytes(state["optim"])
         self._extra.load({k: state[k] for k in extra}, manifest)
-        parts = zip(keys, self._parts.parts, self._parts.optimizers, strict=True)
-        for (mkeys, okeys), part, opt in parts:
-            set_model_state_dict(part, {k: state["model"][k] for k in mkeys})
-            osd = {k: state["optim"][k] for k in okeys}
-            set_optimizer_state_dict(part, opt, osd, options=_FLAT_OPTIM)
+        self._apply(state, keys)
         self._clock.restored(manifest.world_version, manifest.extra)
         w = self._world
         log.info(
@@ -185,6 +269,14 @@ class CheckpointManager:
             w.world_size,
             w.plan.label,
         )
+
+    def _apply(self, state: dict[str, Any], keys: list[tuple[set[str], set[str]]]) -> None:
+        """Set every part's model and optimizer state from the merged ``state``."""
+        parts = zip(keys, self._parts.parts, self._parts.optimizers, strict=True)
+        for (mkeys, okeys), part, opt in parts:
+            set_model_state_dict(part, {k: state["model"][k] for k in mkeys})
+            osd = {k: state["optim"][k] for k in okeys}
+            set_optimizer_state_dict(part, opt, osd, options=_FLAT_OPTIM)
 
     def save(self, *, wait: bool) -> None:
         """Checkpoint the current step (``Session.save_checkpoint``); a no-op if committed."""
@@ -204,7 +296,10 @@ class CheckpointManager:
             "plan": self._world.plan.label,
             **self._clock.manifest_extra(),
         }
-        rank = self._world.rank
+        w = self._world
+        self.held = Manifest(w.assignment.job, step, w.world_size, w.assignment.world_version,
+                             {}, extra)  # fmt: skip
+        rank = w.rank
         t1 = time.perf_counter()
         if not wait and self._settings.async_checkpoint and self._async_group is not None:
             ckpt.save_async(state, step=step, extra=extra, group=self._async_group)

@@ -29,6 +29,9 @@ class DataPosition:
         self.restored = False
         """Whether ``restore`` has set the start step (the helpers start there)."""
         self.order: DataOrder | None = None
+        self.sliced = False
+        """Whether ``sampler()``/``loader()`` fixed a rank slice (a world change in memory
+        would leave them reading another rank's samples)."""
 
     def restored_at(self, step: int) -> None:
         """The run continues at ``step`` (0: no checkpoint yet)."""
@@ -76,6 +79,7 @@ class DataPosition:
         if start is None and not self.restored:
             raise RuntimeError("call session.restore() first: the data starts at its step")
         a, plan = self._world.assignment, self._world.plan
+        self.sliced = True
         return RankSlice(
             order=DataOrder(a.seed, size, a.global_batch_size),
             batch_shares=tuple(plan.batch_shares),

@@ -28,6 +28,7 @@ from ..control import ControlDir, TrainerStatus
 from ..dataorder import Share
 from ..faults import Faults
 from ..stalls import StallWatch
+from .carry import move_to_next_world
 from .checkpoints import CheckpointManager
 from .data import DataPosition
 from .gradients import ShareChain, loss_weight, reduce_gradients
@@ -182,18 +183,34 @@ class StepLoop:
         self.sigterm = True
 
     def batches(self, *, total_steps: int | None) -> Iterator[StepBatch]:
-        """The global steps (``Session.batches``, after its order and scaler are set)."""
-        data = self.uses.data
+        """The global steps (``Session.batches``, after its order and scaler are set); across
+        world versions where this trainer moves to the next one in memory (``carry.py``)."""
         self._total = total_steps
-        if total_steps is not None and data.step >= total_steps:
+        while True:
+            if not self._nothing_to_do():
+                yield from self._world_steps()
+            if self.done or self.sigterm:
+                return
+            if not move_to_next_world(self.world, self.parts, self.uses):
+                return
+            self.stop_agreed = False
+
+    def _nothing_to_do(self) -> bool:
+        """Done, or restored at (or past) the step this world is to stop at: before, it
+        trained one more step and committed it, so a finished run restarted grew by a step."""
+        step, total = self.uses.data.step, self._total
+        if total is not None and step >= total:
             self.done = True
-            return
+            return True
         stop_at = self.world.assignment.stop_at_step
-        if stop_at is not None and data.step >= stop_at:
-            # Restored at (or past) the step this world is to stop at: before, it trained one
-            # more step and committed it, so a finished run restarted grew by a step each time.
+        if stop_at is not None and step >= stop_at:
             self.stop_agreed = True
-            return
+            return True
+        return False
+
+    def _world_steps(self) -> Iterator[StepBatch]:
+        """This world's steps, until the world agrees to stop."""
+        data = self.uses.data
         self.uses.recorder.start_timing()
         while not self.stop_agreed:
             samples, shares = data.step_samples(data.step)
@@ -280,7 +297,8 @@ class StepLoop:
         """One all-reduce carries the loss and every vote, so all ranks decide alike."""
         control, ckpt = self.uses.control, self.uses.checkpoints
         a, step = self.world.assignment, self.uses.data.step
-        local_stop = self.sigterm or (control is not None and control.stop_requested())
+        asked = control is not None and control.stop_requested(a.world_version)
+        local_stop = self.sigterm or asked
         interval = a.checkpoint.interval_seconds
         due = (
             self.world.rank == 0

@@ -140,8 +140,9 @@ def _split_tensor_parallel(
 
 
 def _data_parallel(world: World, model: nn.Module, *, blocks: str | None) -> nn.Module:
-    """FSDP for a sharded plan, DDP for a data-parallel one, the module itself when it is
-    tensor parallel and unsharded (the session sums its gradients over the replicas)."""
+    """FSDP for a sharded plan, DDP for a data-parallel one on GPUs, the module itself when it
+    is tensor parallel and unsharded or on CPU (the session sums its gradients over the
+    replicas)."""
     plan = world.plan
     if plan.sharding != "none" and not is_fsdp(model):
         from ..parallel.fsdp import apply_fsdp  # noqa: PLC0415 - only sharded plans need it
@@ -158,5 +159,11 @@ def _data_parallel(world: World, model: nn.Module, *, blocks: str | None) -> nn.
         return model
     if plan.tp > 1 or averaging_wrapper(model):
         return model
-    ids = [world.device.index] if world.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids)
+    if world.device.type != "cuda":
+        # On CPU the module stays bare and the session sums its gradients over the replicas
+        # after backward (``gradients.sum_over_replicas``), as for tensor parallelism: a bare
+        # module outlives a world change (``carry.py``), while DDP is bound to the group it
+        # was built with. What DDP adds, the all-reduce overlapped with backward, buys little
+        # where gloo's threads compete with backward for the same cores.
+        return model
+    return DistributedDataParallel(model, device_ids=[world.device.index])

@@ -93,6 +93,13 @@ class ExtraState:
             state[USER_STATE_KEY] = _pack(dict(self._settings.user_state))
         return state
 
+    def replicated(self) -> dict[str, Any]:
+        """The blobs every rank shares (registered objects, user state), from any rank: what
+        a survivor sends a joiner (``checkpoints.CheckpointManager.share_with_joiners``)."""
+        state = {OBJECT_KEY + n: _pack(o.state_dict()) for n, o in self.objects.items()}
+        state[USER_STATE_KEY] = _pack(dict(self._settings.user_state))
+        return state
+
     def to_load(self, saved: set[str]) -> dict[str, Any]:
         """Placeholders for the blobs to read: only keys the checkpoint has (``saved``), so a
         rank the saving world did not have asks for no RNG state (old checkpoints have none)."""
@@ -101,7 +108,8 @@ class ExtraState:
         return {k: b"" for k in keys if k in saved}
 
     def load(self, state: dict[str, Any], manifest: Manifest) -> None:
-        """Load what ``to_load`` asked for; reseed the RNG of a rank that was not saved."""
+        """Load what ``to_load`` asked for (or a peer sent); reseed the RNG of a rank that was
+        not saved (a joiner taking state from a peer has none either)."""
         for name, obj in self.objects.items():
             blob = state.get(OBJECT_KEY + name)
             if blob is None:

@@ -60,9 +60,24 @@ class World:
         rendezvous_timeout_s: float,
         collective_timeout_s: float,
     ) -> None:
-        self.assignment = assignment
         self.local_rank = local_rank
-        self.rank = assignment.rank + local_rank
+        self._take(assignment)
+        if device is None:
+            try:
+                device = trainer_device(assignment.gpus, local_rank)
+            except GpuCheckError as err:  # a GPU pod that cannot see its GPUs: never on CPU
+                raise PermanentError(str(err)) from None
+        self.device = device
+        self.rendezvous_timeout_s = rendezvous_timeout_s
+        self.collective_timeout_s = collective_timeout_s
+        self.group: dist.ProcessGroup | None = None
+        """The coordination group (gloo); ``None``: the default group, itself gloo."""
+        self._mesh: Mesh | None = None
+
+    def _take(self, assignment: Assignment) -> None:
+        """Hold ``assignment``'s rank, plan and settings (at the start, and on ``rejoin``)."""
+        self.assignment = assignment
+        self.rank = assignment.rank + self.local_rank
         self.world_size = assignment.world_size
         self.consistency = assignment.consistency
         self.seed = assignment.seed
@@ -75,17 +90,16 @@ class World:
                 f"consistency bitwise is data parallel only (plan {self.plan.label}, sharding "
                 f"{self.plan.sharding}): use consistency data for tensor, pipeline or sharded plans"
             )
-        if device is None:
-            try:
-                device = trainer_device(assignment.gpus, local_rank)
-            except GpuCheckError as err:  # a GPU pod that cannot see its GPUs: never on CPU
-                raise PermanentError(str(err)) from None
-        self.device = device
-        self.rendezvous_timeout_s = rendezvous_timeout_s
-        self.collective_timeout_s = collective_timeout_s
-        self.group: dist.ProcessGroup | None = None
-        """The coordination group (gloo); ``None``: the default group, itself gloo."""
-        self._mesh: Mesh | None = None
+
+    def rejoin(self, assignment: Assignment) -> None:
+        """Leave this world version and join ``assignment``'s in the same process: the old
+        groups are destroyed and the new version's rendezvous namespace is fresh, so nothing
+        of the old world is reused but this process (and what it holds in memory)."""
+        self.leave()
+        self._mesh = None
+        self.group = None
+        self._take(assignment)
+        self.join()
 
     @property
     def backend(self) -> str:

@@ -303,7 +303,7 @@ GAUGES = {
     "elastra_worker_resize_downtime_seconds": "resize_downtime_s",
     "elastra_worker_goodput": "goodput",
 }
-STATE_SOURCES = ("storage",)
+STATE_SOURCES = ("storage", "peers", "memory")
 """Where a new world's state can come from (``elastra_worker.downtime``); anything else a
 worker reports is not recorded."""
 

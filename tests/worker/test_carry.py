@@ -1,0 +1,190 @@
+"""Resizes in memory: survivors keep their processes and state, joiners take it from them.
+
+Each case runs one schedule twice under the local launcher (data mode, CPU gloo): as the agent
+does by default, where trainers whose pod stays move to the next world in their own processes,
+and with ``ELASTRA_IN_MEMORY_RESIZE=0``, where every world change restarts the trainers and
+reads the committed checkpoint back (the path through the volume). Both must train steps
+0..N once each on the static run's samples, with losses within 1e-5 of each other; the first
+run's new worlds must say where their state came from and, observed by an audit hook in every
+trainer (``audited_trainer.py``), open no file of a committed checkpoint for reading.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from elastra_worker.agent import IN_MEMORY_RESIZE_ENV
+from elastra_worker.assignment import Assignment, parse_assignment
+from elastra_worker.session.carry import why_not_carried
+from elastra_worker.session.data import DataPosition
+from elastra_worker.session.model import ModelParts
+from elastra_worker.session.world import World
+
+from .conftest import STEPS, LocalRun, run_local
+
+AUDITED = Path(__file__).resolve().parent / "audited_trainer.py"
+RESIZE_AT = 10
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    schedule: str
+    state_from: str
+    """Where rank 0 of the second world says its state came from."""
+    says: str
+    """A line of the in-memory run's output that shows the path taken."""
+
+
+CASES = [
+    Case("shrink", f"2:0,1:{RESIZE_AT}", "memory", "rank 0 resumed step 10 from memory"),
+    Case("grow", f"1:0,2:{RESIZE_AT}", "memory", "rank 1 resumed step 10 from peers (rank 0"),
+    Case("plan change", f"2:0,2:{RESIZE_AT}:mb=1", "memory",  # micro-batches of 1, not 2
+         "rank 0 resumed step 10 from memory into a world of 2"),
+    # what cannot move in memory restarts through the checkpoint, saying why
+    Case("sharded", f"2:0,2:{RESIZE_AT}:sharding=full", "storage",
+         "restarts for world v2: the next world's plan dp2tp1pp1 is tensor, pipeline or "
+         "sharded"),
+    Case("recompute", f"2:0,2:{RESIZE_AT}:recompute=full", "storage",
+         "restarts for world v2: the plan's recompute changes from none to full"),
+]  # fmt: skip
+
+
+def run(tmp: Path, schedule: str, *, in_memory: bool) -> tuple[LocalRun, list[str]]:
+    """The schedule under the audited trainer; the run and the checkpoint state files its
+    trainers opened for reading."""
+    audit = tmp / "reads.log"
+    ckpt = tmp / "ckpt"
+    result = run_local(
+        tmp,
+        schedule,
+        consistency="data",
+        checkpoint_dir=ckpt,
+        trainer=[str(AUDITED), "--dataset-size", "500"],
+        env={
+            IN_MEMORY_RESIZE_ENV: "1" if in_memory else "0",
+            "AUDIT_ROOT": str(ckpt),
+            "AUDIT_LOG": str(audit),
+            "PYTHONPATH": str(AUDITED.parent),
+        },
+    )
+    assert result.returncode == 0, result.output[-3000:]
+    reads = audit.read_text().splitlines() if audit.exists() else []
+    # a checkpoint's state: shards, DCP metadata, manifest (committing a save reads the
+    # ``latest`` pointer beside them while it prunes; the job's first world finds no step)
+    return result, [line for line in reads if "/step-" in line]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_a_resize_in_memory_trains_what_the_volume_path_trains(
+    tmp_path: Path, static_run: LocalRun, case: Case
+) -> None:
+    memory, memory_reads = run(tmp_path / "memory", case.schedule, in_memory=True)
+    volume, volume_reads = run(tmp_path / "volume", case.schedule, in_memory=False)
+    want = static_run.by_step()
+    for path in (memory, volume):
+        assert [r["step"] for r in path.records] == list(range(STEPS)), path.output[-3000:]
+        for r in path.records:
+            assert r["samples"] == want[r["step"]]["samples"], f"step {r['step']}: samples"
+    for a, b in zip(memory.records, volume.records, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5), f"step {a['step']}: loss"
+    first = memory.by_step()[RESIZE_AT]
+    assert (first["worldVersion"], first["stateFrom"]) == (2, case.state_from)
+    assert volume.by_step()[RESIZE_AT]["stateFrom"] == "storage"
+    assert case.says in memory.output, memory.output[-3000:]
+    assert volume_reads, "the path through the volume read no checkpoint: the audit sees nothing"
+    if case.state_from == "memory":
+        assert memory_reads == [], f"read the checkpoint folder: {memory_reads[:5]}"
+        assert "restored step" not in memory.output
+    else:
+        assert memory_reads, "a restart through the checkpoint read nothing"
+
+
+def test_the_audit_hook_sees_reads_of_its_folder(tmp_path: Path) -> None:
+    """The check above can fail: the hook records reads (and only reads) under its root."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a").write_text("x")
+    code = (
+        "import os, sys; sys.path.insert(0, sys.argv[1]); import audited_trainer as t;"
+        "fd = os.open(sys.argv[3], os.O_WRONLY | os.O_CREAT | os.O_APPEND);"
+        "sys.addaudithook(t._reads(os.path.abspath(sys.argv[2]), fd));"
+        "open(os.path.join(sys.argv[2], 'a')).read();"
+        "open(os.path.join(sys.argv[2], 'b'), 'w').write('y');"
+        "os.close(os.open(os.path.join(sys.argv[2], 'a'), os.O_RDONLY))"
+    )
+    log = tmp_path / "reads.log"
+    subprocess.run(
+        [sys.executable, "-c", code, str(AUDITED.parent), str(root), str(log)], check=True
+    )
+    reads = [re.sub(r"^\d+ ", "", line) for line in log.read_text().splitlines()]
+    assert reads == [str(root / "a"), str(root / "a")]
+
+
+def assignment(tmp: Path, version: int, **changes: Any) -> Assignment:
+    raw: dict[str, Any] = {
+        "job": "j", "worldVersion": version, "rank": 0, "worldSize": 2, "localWorldSize": 1,
+        "masterAddr": "127.0.0.1", "masterPort": 1, "globalBatchSize": 8, "seed": 3,
+        "consistency": "data", "plan": {"dp": 2, "microBatchSize": 2},
+        "checkpoint": {"path": str(tmp)},
+    }  # fmt: skip
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(raw.get(key), dict):
+            raw[key] = {**raw[key], **value}
+        else:
+            raw[key] = value
+    return parse_assignment(raw)
+
+
+@pytest.mark.parametrize(
+    ("next_world", "model", "sliced", "why"),
+    [
+        ({"worldSize": 4, "plan": {"dp": 4}}, "bare", False, None),
+        ({"worldSize": 1, "plan": {"dp": 1, "microBatchSize": 1}}, "bare", False, None),
+        ({"worldSize": 0}, "bare", False, "this pod is in no next world"),
+        ({"stop": True}, "bare", False, "this pod is in no next world"),
+        ({"localWorldSize": 2, "worldSize": 4, "plan": {"dp": 4}}, "bare", False,
+         "the pod's trainers change from 1 to 2"),
+        ({"plan": {"dp": 1, "tp": 2}}, "bare", False,
+         "the next world's plan dp1tp2pp1 is tensor, pipeline or sharded"),
+        ({"plan": {"sharding": "full"}}, "bare", False,
+         "the next world's plan dp2tp1pp1 is tensor, pipeline or sharded"),
+        ({"plan": {"recompute": "full"}}, "bare", False,
+         "the plan's recompute changes from none to full"),
+        ({}, "ddp", False, "the model is wrapped (DDP/FSDP)"),
+        ({}, "bare", True, "the script reads through sampler()/loader()"),
+        ({"globalBatchSize": 16, "seed": 4}, "bare", False,
+         "the next world changes seed, global_batch_size"),
+        ({"precision": "bf16"}, "bare", False, "the next world changes precision"),
+        ({"checkpoint": {"path": "/elsewhere"}}, "bare", False,
+         "the next world changes checkpoint"),
+    ],
+)  # fmt: skip
+def test_what_moves_in_memory_and_why_the_rest_restarts(
+    tmp_path: Path, next_world: dict[str, Any], model: str, sliced: bool, why: str | None
+) -> None:
+    world = World(assignment(tmp_path, 1), local_rank=0, device=torch.device("cpu"),
+                  rendezvous_timeout_s=1, collective_timeout_s=1)  # fmt: skip
+    parts = ModelParts()
+    module = torch.nn.Linear(2, 2)
+    if model == "ddp":
+        module = torch.nn.parallel.DistributedDataParallel.__new__(
+            torch.nn.parallel.DistributedDataParallel
+        )  # the type is what is judged; a real one needs a process group
+    parts.adopt([module])
+    data = DataPosition(world)
+    data.sliced = sliced
+    got = why_not_carried(world, parts, data, assignment(tmp_path, 2, **next_world))
+    if why is None:
+        assert got is None
+    else:
+        assert got is not None and got.startswith(why), got

@@ -1,0 +1,146 @@
+"""A survivor of a resize: into the next world version in this process, its state in memory.
+
+Why: restarting a trainer on every resize costs a process start, an import, a rendezvous and a
+read of the whole state back from storage, and that read grows with the model. A trainer whose
+pod stays in the next world (same number of trainers) needs none of that but the rendezvous:
+at the step boundary its old world agreed to stop at (and committed, the durable copy), it
+leaves the old process group, joins the new version's in the same process (a fresh rendezvous
+namespace, as a new process would), and keeps training the model and optimizer it holds; the
+data position is the step count and the order does not depend on the world size, so the new
+world's shares follow from the new rank alone. Members the new world lacks state for (a grow's
+new pods, a restarted trainer) take it from the survivors over the new group
+(``CheckpointManager.share_with_joiners``) instead of reading the checkpoint.
+
+The agent offers the next assignment in the control folder (``next.json``) before it asks for
+the stop; a trainer reports ``continued`` there and the agent keeps it. A world that ends at its
+own stop step parks its trainers until the agent knows what comes next (``next_world``). What
+cannot move in memory (``why_not_carried``) restarts as before, through the checkpoint, the
+reason logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ..assignment import Assignment, AssignmentError, parse_assignment
+from ..control import TrainerStatus
+from ..mesh import needs_mesh
+from .data import DataPosition
+from .model import ModelParts, averaging_wrapper
+from .world import World
+
+if TYPE_CHECKING:
+    from .loop import StepParts
+
+log = logging.getLogger(__name__)
+
+KEPT_SETTINGS = ("job", "seed", "global_batch_size", "consistency", "precision")
+"""Assignment fields a world change in memory must keep (the order, the numerics, the job)."""
+
+
+def why_not_carried(
+    world: World, parts: ModelParts, data: DataPosition, new: Assignment
+) -> str | None:
+    """Why this trainer cannot move to ``new`` in its own process, or ``None`` if it can."""
+    old = world.assignment
+    if new.stop or new.waiting:
+        return "this pod is in no next world"
+    if new.local_world_size != old.local_world_size:
+        return f"the pod's trainers change from {old.local_world_size} to {new.local_world_size}"
+    for which, plan in (("this", old.plan), ("the next", new.plan)):
+        if needs_mesh(plan):
+            return (
+                f"{which} world's plan {plan.label} is tensor, pipeline or sharded data "
+                "parallel: its state is resharded through the checkpoint"
+            )
+    if old.plan.recompute != new.plan.recompute:  # applied to the blocks by prepare()
+        return f"the plan's recompute changes from {old.plan.recompute} to {new.plan.recompute}"
+    if len(parts.parts) != 1 or averaging_wrapper(parts.parts[0]) or parts.sharded():
+        return "the model is wrapped (DDP/FSDP): its process group is fixed when it is built"
+    if data.sliced:
+        return "the script reads through sampler()/loader(), whose rank slice is fixed"
+    changed = [f for f in KEPT_SETTINGS if getattr(old, f) != getattr(new, f)]
+    if old.checkpoint.path != new.checkpoint.path or old.checkpoint.uri != new.checkpoint.uri:
+        changed.append("checkpoint")
+    if changed:
+        return f"the next world changes {', '.join(changed)}"
+    return None
+
+
+PARK_POLL_S = 0.05
+"""How often a parked trainer looks for the agent's offer or stop (two ``stat`` calls)."""
+
+
+def next_world(world: World, uses: StepParts) -> Assignment | None:
+    """The next world version the agent offered, if any. A world that stopped at its own stop
+    step (``stopAtStep``: nobody asked) parks its trainers here, reported ``parked``, until the
+    agent offers the next version or asks them to stop: the agent writes the offer before the
+    stop, so a stop without an offer means none is coming."""
+    control = uses.control
+    if control is None:
+        return None
+    version = world.assignment.world_version
+    parked = False
+    while True:
+        raw = control.next_assignment()
+        if raw is not None:
+            break
+        if control.stop_requested(version):
+            return None
+        if not parked:
+            uses.stall_watch.disarm()  # waiting for the next world is no stall
+            control.write_status(
+                world.local_rank,
+                TrainerStatus(state="parked", step=uses.data.step,
+                              checkpoint_step=uses.checkpoints.last_committed_step,
+                              world_version=version),
+            )  # fmt: skip
+            parked = True
+        time.sleep(PARK_POLL_S)
+    uses.stall_watch.arm()
+    try:
+        new = parse_assignment(raw)
+    except AssignmentError as err:
+        log.warning("rank %d: the offered next world is unreadable (%s): restarting", world.rank,
+                    err)  # fmt: skip
+        return None
+    return new if new.world_version > version else None
+
+
+def move_to_next_world(world: World, parts: ModelParts, uses: StepParts) -> bool:
+    """After the old world's agreed stop (committed): join the offered next world in this
+    process and share the state with its joiners; ``False`` (nothing changed) where the
+    trainer must restart instead."""
+    new = next_world(world, uses)
+    if new is None:
+        return False
+    why = why_not_carried(world, parts, uses.data, new)
+    if why is not None:
+        log.info("rank %d restarts for world v%d: %s", world.rank, new.world_version, why)
+        return False
+    old_version, old_rank = world.assignment.world_version, world.rank
+    checkpoints = uses.checkpoints
+    checkpoints.wait()
+    if uses.control is not None:  # before the rendezvous, which may wait for new pods
+        uses.control.write_status(
+            world.local_rank,
+            TrainerStatus(
+                state="continued",
+                step=uses.data.step,
+                checkpoint_step=checkpoints.last_committed_step,
+                world_version=new.world_version,
+            ),
+        )
+    world.rejoin(new)
+    checkpoints.open()
+    checkpoints.share_with_joiners()
+    uses.recorder.clock.moved(new.world_version)
+    log.info(
+        "rank %d resumed step %d from memory into a world of %d (world v%d, plan %s; rank %d "
+        "of world v%d before)",
+        world.rank, uses.data.step, world.world_size, new.world_version, world.plan.label,
+        old_rank, old_version,
+    )  # fmt: skip
+    return True
