@@ -51,8 +51,8 @@ CASES = [
          "rank 0 resumed step 10 from memory into a world of 2"),
     # what cannot move in memory restarts through the checkpoint, saying why
     Case("sharded", f"2:0,2:{RESIZE_AT}:sharding=full", "storage",
-         "restarts for world v2: the next world's plan dp2tp1pp1 is tensor, pipeline or "
-         "sharded"),
+         "restarts for world v2: the next world's plan dp2tp1pp1 (sharding full) is tensor, "
+         "pipeline or sharded"),
     Case("recompute", f"2:0,2:{RESIZE_AT}:recompute=full", "storage",
          "restarts for world v2: the plan's recompute changes from none to full"),
 ]  # fmt: skip
@@ -155,9 +155,9 @@ def assignment(tmp: Path, version: int, **changes: Any) -> Assignment:
         ({"localWorldSize": 2, "worldSize": 4, "plan": {"dp": 4}}, "bare", False,
          "the pod's trainers change from 1 to 2"),
         ({"plan": {"dp": 1, "tp": 2}}, "bare", False,
-         "the next world's plan dp1tp2pp1 is tensor, pipeline or sharded"),
+         "the next world's plan dp1tp2pp1 (sharding none) is tensor"),
         ({"plan": {"sharding": "full"}}, "bare", False,
-         "the next world's plan dp2tp1pp1 is tensor, pipeline or sharded"),
+         "the next world's plan dp2tp1pp1 (sharding full) is tensor"),
         ({"plan": {"recompute": "full"}}, "bare", False,
          "the plan's recompute changes from none to full"),
         ({}, "ddp", False, "the model is wrapped (DDP/FSDP)"),

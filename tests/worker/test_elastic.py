@@ -113,7 +113,9 @@ def test_background_and_blocking_checkpoints_change_nothing(
     assert_writer(run, writer)
     assert_same_params(run, static_run)
     assert_checkpoints_intact(tmp_path / "ckpt")
-    assert "restored step 10" in run.output
+    # the grow moved the two survivors in memory and gave the third rank their state
+    assert "rank 0 resumed step 10 from memory" in run.output
+    assert "rank 2 resumed step 10 from peers" in run.output
 
 
 def test_fsdp_model_resizes_in_data_mode(tmp_path: Path, static_run: LocalRun) -> None:

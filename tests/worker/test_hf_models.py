@@ -29,8 +29,8 @@ class Case:
     schedule: str
     worlds: dict[int, tuple[int, str]]
     """The world starting at each step of ``schedule``: its size and the class prepare()
-    returned (FSDP2 swaps the model's class; a tensor-parallel, unsharded plan keeps it; a
-    pipeline stage is the tracer's ``GraphModule``)."""
+    returned (FSDP2 swaps the model's class; a tensor-parallel, unsharded plan keeps it, and so
+    does a data-parallel one on CPU; a pipeline stage is the tracer's ``GraphModule``)."""
     says: tuple[str, ...] = ()
     """Lines the run's output must hold."""
 
@@ -40,7 +40,7 @@ CASES = [
         "gpt2",
         "2:0,2:3:sharding=full,3:6:sharding=optimizer,2:9",
         {3: (2, "FSDPGPT2LMHeadModel"), 6: (3, "FSDPGPT2LMHeadModel"),
-         9: (2, "DistributedDataParallel")},
+         9: (2, "GPT2LMHeadModel")},
     ),
     Case(  # data parallel, then tensor parallel (no hook: the known Llama split), then both
         "llama",

@@ -362,6 +362,8 @@ class Agent:
         if newer is not None and newer.peers_lost and not newer.stop:
             log.info("members of this world were lost: ending its trainers now")
             return 0.0
+        if self.state["phase"] == "stopped":  # parked at this world's stop step: they exit
+            return self.config.stop_timeout_s
         return self.config.stop_timeout_s if self.control.progress(0) is not None else 0.0
 
     def _stop_reason(self, a: Assignment) -> str | None:

@@ -52,8 +52,8 @@ def why_not_carried(
     for which, plan in (("this", old.plan), ("the next", new.plan)):
         if needs_mesh(plan):
             return (
-                f"{which} world's plan {plan.label} is tensor, pipeline or sharded data "
-                "parallel: its state is resharded through the checkpoint"
+                f"{which} world's plan {plan.label} (sharding {plan.sharding}) is tensor, "
+                "pipeline or sharded data parallel: its state is resharded through the checkpoint"
             )
     if old.plan.recompute != new.plan.recompute:  # applied to the blocks by prepare()
         return f"the plan's recompute changes from {old.plan.recompute} to {new.plan.recompute}"

@@ -184,20 +184,19 @@ class CheckpointManager:
                 f"rank {self._world.rank} holds step {None if held is None else held.step}, "
                 f"another member step {holders.newest}: survivors of one world hold one step"
             )
-        self._transfer(holders.source, held, self._state()[0])
-        assert self._peer_transfer is not None
+        *_, moved = self._transfer(holders.source, held, self._state()[0])
         if self._world.rank == holders.source:
             log.info(
                 "rank %d sent step %d to the world's joiners: %.1f MB in %.2fs",
                 self._world.rank,
                 held.step,
-                self._peer_transfer.bytes / 1e6,
-                self._peer_transfer.seconds,
+                moved.bytes / 1e6,
+                moved.seconds,
             )
 
     def _transfer(
         self, src: int, held: Manifest | None, state: dict[str, Any]
-    ) -> tuple[Manifest, dict[str, Any], dict[str, Any]]:
+    ) -> tuple[Manifest, dict[str, Any], dict[str, Any], Transfer]:
         """Send (rank ``src``) or receive in place the tensors of ``state`` (``_state``'s);
         every rank gets the source's manifest, non-tensor optimizer entries and replicated
         blobs (registered objects, user state)."""
@@ -208,15 +207,17 @@ class CheckpointManager:
             plain = {k: v for k, v in state["optim"].items() if not isinstance(v, torch.Tensor)}
             box = [(held, plain, self._extra.replicated())]
         dist.broadcast_object_list(box, src=src, group=self._world.group)
-        self._peer_transfer = share_state(tensors, src=src, group=self._world.group)
+        moved = share_state(tensors, src=src, group=self._world.group)
+        if self._world.rank != src:  # what this rank loaded from a peer (progress, metrics)
+            self._peer_transfer = moved
         manifest, plain, replicated = box[0]
-        return manifest, plain, replicated
+        return manifest, plain, replicated, moved
 
     def _receive(self, src: int) -> Manifest:
         """A joiner: take the state from rank ``src``, which holds it in memory; nothing of
         the checkpoint root is read."""
         state, keys = self._state()
-        manifest, plain, replicated = self._transfer(src, None, state)
+        manifest, plain, replicated, moved = self._transfer(src, None, state)
         state["optim"].update(plain)
         self._extra.load(replicated, manifest)
         self._apply(state, keys)
@@ -225,13 +226,12 @@ class CheckpointManager:
         ckpt.last_committed_step = ckpt.restored_step = manifest.step
         ckpt.verified.add(manifest.step)
         self.held = manifest
-        assert self._peer_transfer is not None
         w = self._world
         log.info(
             "rank %d resumed step %d from peers (rank %d sent %.1f MB in %.2fs) into a world of "
             "%d (plan %s)",
-            w.rank, manifest.step, src, self._peer_transfer.bytes / 1e6,
-            self._peer_transfer.seconds, w.world_size, w.plan.label,
+            w.rank, manifest.step, src, moved.bytes / 1e6,
+            moved.seconds, w.world_size, w.plan.label,
         )  # fmt: skip
         return manifest
 
