@@ -48,6 +48,10 @@ from elastra_worker.agent import IN_MEMORY_RESIZE_ENV
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "worker_image" / "examples" / "train_tiny_gpt.py"
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (.*)$")
+_PEERS = re.compile(
+    r"rank (?P<rank>\d+) resumed step \d+ from peers \(rank \d+ sent (?P<mb>[\d.]+) MB in "
+    r"(?P<s>[\d.]+)s\)"
+)
 LOOPBACK_BYTES = 512 * 2**20
 CHUNK = 4 * 2**20
 
@@ -203,6 +207,15 @@ def report(run: Run, *, entries: Sequence[str], loopback: float, state: int) -> 
             f"  world {old} -> {new} ({entry[old]} -> {entry[new]}, state from {source}): "
             f"{downtime:.2f} s = {downtime / step_s:.1f} step times{parts}"
         )
+        for when, text in events:
+            sent = _PEERS.search(text)
+            if sent and t_last <= when <= t_first:
+                rate = float(sent["mb"]) * 1e6 / max(float(sent["s"]), 1e-9)
+                print(
+                    f"    rank {sent['rank']} took {float(sent['mb']) / 1e3:.2f} GB from peers "
+                    f"in {sent['s']} s: {rate / 2**30:.2f} GiB/s = {rate / loopback:.2f}x "
+                    "loopback TCP"
+                )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -175,7 +175,7 @@ def test_what_moves_in_memory_and_why_the_rest_restarts(
     world = World(assignment(tmp_path, 1), local_rank=0, device=torch.device("cpu"),
                   rendezvous_timeout_s=1, collective_timeout_s=1)  # fmt: skip
     parts = ModelParts()
-    module = torch.nn.Linear(2, 2)
+    module: torch.nn.Module = torch.nn.Linear(2, 2)
     if model == "ddp":
         module = torch.nn.parallel.DistributedDataParallel.__new__(
             torch.nn.parallel.DistributedDataParallel
