@@ -65,7 +65,7 @@ import signal
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar, cast, overload
 
 import torch
 from torch import nn
@@ -103,6 +103,29 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+T = TypeVar("T")
+
+
+class _FromWorld(Generic[T]):
+    """A ``Session`` attribute read from its ``World`` on every access: a trainer that moves to
+    the next world version in its own process (``session/carry.py``) gets a new rank, size and
+    plan, and the script sees them."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> _FromWorld[T]: ...
+
+    @overload
+    def __get__(self, obj: Session, objtype: type | None = None) -> T: ...
+
+    def __get__(self, obj: Session | None, objtype: type | None = None) -> T | _FromWorld[T]:
+        if obj is None:
+            return self
+        return cast(T, getattr(obj._world, self._name))
 
 
 class Session:
@@ -162,46 +185,17 @@ class Session:
 
     # ---- this rank's place in the world (a survivor of a resize moves to the new one) --------
 
-    @property
-    def assignment(self) -> Assignment:
-        return self._world.assignment
-
-    @property
-    def local_rank(self) -> int:
-        return self._world.local_rank
-
-    @property
-    def rank(self) -> int:
-        return self._world.rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world.world_size
-
-    @property
-    def seed(self) -> int:
-        return self._world.seed
-
-    @property
-    def consistency(self) -> Consistency:
-        return self._world.consistency
-
-    @property
-    def plan(self) -> ParallelPlan:
-        return self._world.plan
-
-    @property
-    def coord(self) -> RankCoord:
-        return self._world.coord
-
-    @property
-    def dp_rank(self) -> int:
-        return self._world.dp_rank
-
-    @property
-    def precision(self) -> Precision:
-        """``training.precision``: what forward and backward compute in (``precision.py``)."""
-        return self._world.precision
+    assignment: _FromWorld[Assignment] = _FromWorld()
+    local_rank: _FromWorld[int] = _FromWorld()
+    rank: _FromWorld[int] = _FromWorld()
+    world_size: _FromWorld[int] = _FromWorld()
+    seed: _FromWorld[int] = _FromWorld()
+    consistency: _FromWorld[Consistency] = _FromWorld()
+    plan: _FromWorld[ParallelPlan] = _FromWorld()
+    coord: _FromWorld[RankCoord] = _FromWorld()
+    dp_rank: _FromWorld[int] = _FromWorld()
+    precision: _FromWorld[Precision] = _FromWorld()
+    """``training.precision``: what forward and backward compute in (``precision.py``)."""
 
     # ---- construction ---------------------------------------------------------------------
 
