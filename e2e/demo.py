@@ -13,8 +13,8 @@ back to three, and checks the workers' own records. The last line is either
 (world versions with their sizes, the steps trained, the checkpoint step each resize resumed
 from, how long each resize stopped training: from the end of the step the new world resumed
 from to the end of its first step, as its rank 0 recorded it; from each `kubectl scale` to the
-end of the new world's first step, a new pod's start included, and for the grow the resize
-policy's cooldown (30 s since the previous resize): the lines before it say when the world
+end of the new world's first step, a new pod's start included (the grow follows a scale-down,
+so the resize policy's cooldown does not hold it): the lines before it say when the world
 formed and when the new pod turned Ready; the job's goodput at its last
 step: the fraction of wall time since its first step spent in steps it kept; on one line) or
 ``demo: FAILED <reason>``; the exit status says the same. It shares every step with the e2e
@@ -153,8 +153,8 @@ def _ready_since(pods: Sequence[dict[str, Any]], before: set[str]) -> dict[str, 
 
 
 def _formed_at(status: dict[str, Any]) -> dict[int, float]:
-    """When the operator formed each world version (``status.resizes``, whole seconds): a grow
-    soon after a shrink waits for the resize policy's cooldown (30 s by default) here."""
+    """When the operator formed each world version (``status.resizes``, whole seconds): the
+    grow waits for its new pod to be Ready here."""
     found = {}
     for resize in status.get("resizes") or []:
         when = _timestamp(resize.get("time"))

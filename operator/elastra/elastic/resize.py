@@ -22,7 +22,8 @@ The shape of the protocol it drives (docs/architecture.md, "Assignment protocol"
   for it, before that member's rendezvous gives up. While no member runs, nobody waits and the
   world keeps waiting too (a slow image pull on every node is not a failure).
 - Shrinking is immediate; growing waits for the new pods to be Ready, for a cooldown since
-  the last resize, and for the predicted gain to beat the restart cost.
+  the last resize (not after a scale-down: the desired size was raised since, which is no
+  capacity flapping), and for the predicted gain to beat the restart cost.
 - Never above the desired size, never below ``minimum``: with fewer healthy pods the job
   forms no world and waits (Degraded), keeping its checkpoints.
 """
@@ -106,6 +107,9 @@ class ResizeInput:
     """How many more pods free capacity admits right now."""
     now: datetime
     last_resize: datetime | None = None
+    last_reason: Reason | None = None
+    """Why the last resize was made (``status.resizes``' newest): after a scale-down the world
+    matched the desired size, so a grow since is one the user (or an HPA) asked for."""
     suspended: bool = False
     growth: GrowthEstimate | None = None
     move: Move | None = None
@@ -303,7 +307,8 @@ def _steady_or_resize(
     if moved is not None:
         return replace(moved, delete=moved.delete | stuck | broken_outside)
     if standby and not waiting:
-        cooldown_left = _cooldown_left(inp, policy)
+        asked = inp.last_reason is Reason.SCALED_DOWN  # desired raised since: no flapping
+        cooldown_left = None if asked else _cooldown_left(inp, policy)
         if cooldown_left is not None:
             recheck.append(cooldown_left)
         elif inp.growth is not None and not inp.growth.worth_it():

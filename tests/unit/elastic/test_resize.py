@@ -65,6 +65,7 @@ def run(
     placeable: int = 0,
     now: datetime = T0 + timedelta(minutes=5),
     last_resize: datetime | None = None,
+    last_reason: Reason | None = None,
     suspended: bool = False,
     growth: GrowthEstimate | None = None,
     node_lost_at: datetime | None = None,
@@ -78,6 +79,7 @@ def run(
             placeable=placeable,
             now=now,
             last_resize=last_resize,
+            last_reason=last_reason,
             suspended=suspended,
             growth=growth,
             node_lost_at=node_lost_at,
@@ -183,7 +185,18 @@ def test_runs_at_four_of_eight_then_grows_when_pods_ready() -> None:
     assert grown.reason is Reason.SCALED_UP
 
 
-def test_growth_waits_for_cooldown_and_says_when_to_look_again() -> None:
+@pytest.mark.parametrize(
+    ("last_reason", "grows"),
+    [
+        (Reason.WORKER_FAILED, False),  # capacity came back: it may go again, wait
+        (Reason.SCALED_UP, False),
+        (None, False),
+        (Reason.SCALED_DOWN, True),  # the world matched a lowered size: this grow was asked for
+    ],
+)
+def test_growth_waits_for_cooldown_and_says_when_to_look_again(
+    last_reason: Reason | None, grows: bool
+) -> None:
     now = T0 + timedelta(minutes=5)
     d = run(
         [worker(i) for i in range(4)],
@@ -191,9 +204,13 @@ def test_growth_waits_for_cooldown_and_says_when_to_look_again() -> None:
         current=world(0, 1),
         now=now,
         last_resize=now - timedelta(seconds=5),
+        last_reason=last_reason,
     )
-    assert d.world is None
-    assert d.recheck_after == Requeue.after(timedelta(seconds=15))
+    if grows:
+        assert d.world == world(0, 1, 2, 3) and d.reason is Reason.SCALED_UP
+    else:
+        assert d.world is None
+        assert d.recheck_after == Requeue.after(timedelta(seconds=15))
 
 
 def test_growth_skipped_when_gain_is_below_restart_cost() -> None:

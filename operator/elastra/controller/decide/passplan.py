@@ -330,11 +330,23 @@ def _resize_input(
         placeable=len(placement.pods),
         now=ctx.now,
         last_resize=parse_time(last, ctx.now) if last else None,
+        last_reason=_last_reason(status.resizes),
         suspended=ctx.hold is not None,
         growth=_growth(ctx) if len(status.world.ranks) < desired else None,
         move=move[0] if move else None,
         node_lost_at=ctx.node_lost_at,
     )
+
+
+def _last_reason(resizes: Sequence[ResizeRecord]) -> Reason | None:
+    """The newest resize's reason, if it is one of ours (a record from another version of the
+    operator may carry any text)."""
+    if not resizes:
+        return None
+    try:
+        return Reason(resizes[-1].reason)
+    except ValueError:
+        return None
 
 
 def _act(
