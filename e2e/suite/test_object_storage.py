@@ -24,6 +24,8 @@ from e2e.node.node import node_ip
 from e2e.trainlog import check_resumes, resumes
 from moto.server import ThreadedMotoServer
 
+from elastra_worker.agent import IN_MEMORY_RESIZE_ENV
+
 pytestmark = pytest.mark.timeout(1500)
 
 NAME = "cpu-tiny-s3"
@@ -82,6 +84,9 @@ def s3_manifest(namespace: str, endpoint: str) -> dict[str, Any]:
         {"name": "AWS_DEFAULT_REGION", "value": "us-east-1"},
         # No instance-metadata lookups (a link-local address) for credentials: they are below.
         {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"},
+        # Every resize restarts its trainers, which read the state back from the object store:
+        # what this test is for (in memory, the grow's new rank would take it from a peer).
+        {"name": IN_MEMORY_RESIZE_ENV, "value": "0"},
     ]
     spec["worker"]["template"] = {
         "spec": {
