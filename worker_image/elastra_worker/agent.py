@@ -5,8 +5,9 @@ in a world, starts ``localWorldSize`` trainers (one per GPU; one on CPU) with to
 variables, and watches the assignment file. On a new world version (or ``stop: true``) it asks
 its trainers to stop at the next step boundary, which makes the whole old world agree on a step
 and commit a checkpoint of it; then it starts fresh trainers in the new world, which restore that
-checkpoint resharded. Trainers are new processes with a new rendezvous namespace every time, so
-nothing of the previous world (store keys, peer addresses, a half-dead process group) survives.
+checkpoint resharded (or, below, lets them move there in memory). Every world version has a new
+rendezvous namespace, so nothing of the previous world (store keys, peer addresses, a half-dead
+process group) survives but what a moving trainer holds in memory.
 
 A pod that stays in the new world with as many trainers lets them move there in memory: before
 the stop, the agent offers the new assignment (``next.json``); trainers that can move report
@@ -117,11 +118,11 @@ class Agent:
         self._standbys: list[subprocess.Popen[bytes]] = []
         self._worlds_started = 0
         self._stopped_clean: int | None = None
+        """torchrun mode: the world version whose script last exited 0 on a stop here."""
         self._carried: tuple[Assignment, list[subprocess.Popen[bytes]]] | None = None
         """The world version trainers moved to in memory, and those trainers."""
         self._offered: Assignment | None = None
         """The next world version offered to the running trainers (``_offer_next``)."""
-        """torchrun mode: the world version whose script last exited 0 on a stop here."""
 
     # ---- state ------------------------------------------------------------------------------
 
