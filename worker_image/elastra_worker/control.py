@@ -84,17 +84,9 @@ class ControlDir:
         """Ask the trainers of ``world_version`` to stop at the next step boundary."""
         _write_json(self.path / STOP, {"reason": reason, "worldVersion": world_version})
 
-    def clear_requests(self) -> None:
-        """The trainers continued in the next world version: the stop and the offer are spent."""
-        for name in (STOP, NEXT):
-            (self.path / name).unlink(missing_ok=True)
-
-    def offer_next(self, assignment_json: str | None) -> None:
-        """Offer the next world version's assignment to the trainers (``None``: withdraw it)."""
-        if assignment_json is None:
-            (self.path / NEXT).unlink(missing_ok=True)
-        else:
-            _write_json(self.path / NEXT, {"assignment": assignment_json})
+    def offer_next(self, assignment_json: str) -> None:
+        """Offer the next world version's assignment to the trainers (``reset`` withdraws it)."""
+        _write_json(self.path / NEXT, {"assignment": assignment_json})
 
     def status(self, local_rank: int) -> TrainerStatus | None:
         """The exit report of trainer ``local_rank``, if it wrote one."""

@@ -51,10 +51,6 @@ class Transfer:
     bytes: int
     seconds: float
 
-    @property
-    def bytes_per_second(self) -> float:
-        return self.bytes / self.seconds if self.seconds > 0 else 0.0
-
 
 @dataclass(frozen=True)
 class Holders:

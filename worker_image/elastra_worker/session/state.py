@@ -89,8 +89,7 @@ class ExtraState:
         """This rank's blobs: its RNG, and on rank 0 the replicated objects and user state."""
         state = {RNG_KEY.format(self.rank): _pack(_rng_state())}
         if self.rank == 0:  # replicated state: one copy, rank 0's
-            state.update({OBJECT_KEY + n: _pack(o.state_dict()) for n, o in self.objects.items()})
-            state[USER_STATE_KEY] = _pack(dict(self._settings.user_state))
+            state.update(self.replicated())
         return state
 
     def replicated(self) -> dict[str, Any]:
