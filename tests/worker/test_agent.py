@@ -243,11 +243,14 @@ def test_a_survivor_whose_trainer_failed_waits_for_the_world_of_survivors(
         if held:
             with pytest.raises(subprocess.TimeoutExpired):
                 proc.wait(timeout=held)
+            # What the operator's node liveness task reads: this world lost a member.
+            assert agent_state(tmp_path).get("peersLostWorldVersion") == 1
         write(tmp_path, assignment(2, port=free_port(), peersLost=True))
         wait_for(
             lambda: agent_state(tmp_path).get("worldVersion") == 2, 30, "the world of survivors"
         )
         assert proc.poll() is None, "the pod stays"
+        assert agent_state(tmp_path).get("peersLostWorldVersion") is None, "a new world clears it"
     finally:
         proc.kill()
         proc.wait(timeout=30)

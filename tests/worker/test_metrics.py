@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from elastra_worker.metrics import WorkerCollector
+from elastra_worker.metrics import PEERS_LOST_METRIC, WorkerCollector
 from tests.unit.controller.test_progress import worker_page as page
 
 
@@ -45,3 +45,15 @@ def test_the_agents_resize_counts_are_exported_by_path() -> None:
     lines = generate_latest(registry).decode().splitlines()
     assert 'elastra_worker_resizes_total{path="memory"} 2.0' in lines
     assert 'elastra_worker_resizes_total{path="restart"} 1.0' in lines
+
+
+@pytest.mark.parametrize(("version", "present"), [(4, True), (None, False)])
+def test_a_world_whose_collectives_failed_is_exported_while_the_pod_waits(
+    version: int | None, present: bool
+) -> None:
+    registry = CollectorRegistry()
+    state = {"worldVersion": 4, "peersLostWorldVersion": version}
+    registry.register(WorkerCollector(lambda: {"step": 3}, lambda: state))
+    lines = generate_latest(registry).decode().splitlines()
+    assert (f"{PEERS_LOST_METRIC} 4.0" in lines) is present
+    assert present or not any(line.startswith(PEERS_LOST_METRIC) for line in lines)

@@ -267,6 +267,9 @@ class Agent:
         if peers_lost:
             log.info("a collective failed (a peer is gone): waiting up to %.0f s for the "
                      "world of survivors", wait)  # fmt: skip
+            # On the metrics page until the next world starts: the operator's first sign that
+            # a member of this world is gone, seconds before the member's node Lease says so.
+            self._set_state(peersLostWorldVersion=a.world_version)
         deadline = self.clock() + wait
         while True:
             newer = self._read()
@@ -314,6 +317,7 @@ class Agent:
             self._set_state(
                 phase="running", worldVersion=a.world_version, worldSize=a.world_size,
                 rank=a.rank, resizesInMemory=self.state["resizesInMemory"] + 1,
+                peersLostWorldVersion=None,
             )  # fmt: skip
             return self._watch_trainers(a, carried)
         log.info(
@@ -349,6 +353,7 @@ class Agent:
             trainerStarts=self.state["trainerStarts"] + len(procs),
             trainerPids=[p.pid for p in procs],
             checkpointed=False,
+            peersLostWorldVersion=None,
         )
         if self.config.launch == "torchrun":
             return self._watch_script(a, procs)

@@ -17,6 +17,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from .downtime import FROM_PEERS, FROM_STORAGE
 
+PEERS_LOST_METRIC = "elastra_worker_peers_lost_world_version"
+"""Read by the operator's node liveness task too (a contract, like the exit codes)."""
 METRICS_PORT_ENV = "ELASTRA_METRICS_PORT"
 DEFAULT_METRICS_PORT = 9400
 
@@ -81,6 +83,12 @@ class WorkerCollector(Collector):
             ("elastra_worker_world_version", "World version", state.get("worldVersion")),
             ("elastra_worker_world_size", "Trainer processes in the world", state.get("worldSize")),
             ("elastra_worker_rank", "Global rank of the pod's first trainer", state.get("rank")),
+            (
+                PEERS_LOST_METRIC,
+                "The world version whose collectives failed in this pod because a member is "
+                "gone, while the pod waits for the world of survivors (absent otherwise)",
+                state.get("peersLostWorldVersion"),
+            ),
         ]
         for name, doc, value in gauges:
             if isinstance(value, int | float):

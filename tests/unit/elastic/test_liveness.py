@@ -7,13 +7,16 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from elastra.elastic.liveness import (
+    PEERS_LOST_METRIC,
     SILENT_AFTER,
     NodeSignals,
     lease_overdue,
     lease_overdue_after,
     node_lost,
+    peers_lost_version,
     silence,
 )
+from elastra_worker import metrics as worker_metrics
 
 NOW = datetime(2026, 12, 4, 5, 0, 0, tzinfo=UTC)
 
@@ -23,15 +26,22 @@ def ago(seconds: float) -> datetime:
 
 
 def signals(
-    lease: float | None, workers: int, silent: float | None, lease_s: int = 0
+    lease: float | None,
+    workers: int,
+    silent: float | None,
+    lease_s: int = 0,
+    *,
+    peers_lost: bool = False,
 ) -> NodeSignals:
     """A Lease renewed ``lease`` s ago (of ``lease_s`` s; 0: the default), ``workers`` asked,
-    silent for ``silent`` s (``None``: one answered)."""
+    silent for ``silent`` s (``None``: one answered), ``peers_lost``: a world there lost a
+    member."""
     return NodeSignals(
         None if lease is None else ago(lease),
         timedelta(seconds=lease_s) if lease_s else None,
         workers,
         None if silent is None else ago(silent),
+        peers_lost,
     )
 
 
@@ -47,6 +57,19 @@ CASES = [
     pytest.param(signals(60, 0, 60), False, id="no worker to ask: left to the node controller"),
     pytest.param(signals(4, 1, 3, lease_s=10), True, id="a 10 s Lease is overdue after 3 s"),
     pytest.param(signals(13, 1, 3, lease_s=100), False, id="a 100 s Lease is not at 13 s"),
+    pytest.param(
+        signals(1, 2, 3, peers_lost=True), True, id="lease fresh, a collective failed, silent 3 s"
+    ),
+    pytest.param(
+        signals(1, 2, 2, peers_lost=True), False, id="a collective failed, silent 2 s only"
+    ),
+    pytest.param(
+        signals(30, 2, None, peers_lost=True), False, id="a collective failed, workers answer"
+    ),
+    pytest.param(signals(None, 1, 9, peers_lost=True), False, id="a collective failed, no Lease"),
+    pytest.param(
+        signals(13, 1, 2, peers_lost=True), True, id="lease overdue and a collective failed"
+    ),
 ]
 
 
@@ -59,7 +82,28 @@ def test_a_node_is_lost_only_when_its_lease_and_its_workers_both_say_so(
     if verdict is not None:
         assert found.renewed is not None
         assert verdict.lease_age == NOW - found.renewed
-        assert "node n1: Lease not renewed" in verdict.message
+        by_lease = lease_overdue(found, NOW)
+        assert verdict.peers_lost is not by_lease
+        said = "reported a failed collective" if verdict.peers_lost else "n1: Lease not renewed"
+        assert said in verdict.message
+
+
+@pytest.mark.parametrize(
+    ("page", "version"),
+    [
+        ("elastra_worker_step 3.0\nelastra_worker_peers_lost_world_version 4.0\n", 4),
+        ("elastra_worker_step 3.0\nelastra_worker_world_version 4.0\n", None),
+        ("elastra_worker_peers_lost_world_version NaNx\n", None),
+        ("elastra_worker_peers_lost_world_version +Inf\n", None),
+        ("", None),
+    ],
+)
+def test_a_workers_page_says_which_world_lost_a_member(page: str, version: int | None) -> None:
+    assert peers_lost_version(page) == version
+
+
+def test_the_operator_reads_the_gauge_the_agent_exports() -> None:
+    assert PEERS_LOST_METRIC == worker_metrics.PEERS_LOST_METRIC
 
 
 def test_the_default_lease_is_overdue_after_one_missed_renewal() -> None:

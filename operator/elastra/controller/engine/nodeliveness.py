@@ -1,13 +1,18 @@
-"""The operator's task that declares a node lost from its Lease and its workers' heartbeats.
+"""The operator's task that declares a node lost from its Lease, its workers' heartbeats and
+its worlds' failed collectives.
 
 The rule is ``elastra.elastic.liveness``'s; this module feeds it. Once a second it reads the
 node Leases (an informer over ``kube-node-lease``), notes when it saw each one renewed (its
-own clock, so a node whose clock is off is judged as fairly as the others), asks the worker
-pods of every node whose Lease is overdue for a heartbeat (the agent's metrics page, any HTTP
-answer counts), and applies the verdict: a lost node is read as NotReady by every pass
+own clock, so a node whose clock is off is judged as fairly as the others), and reads one
+worker's metrics page per job (its sentinel: the first pod by name). A job whose sentinel is
+silent or says its world lost a member is shaken: every node with a worker of it is asked this
+round, as is every node whose Lease is overdue (each worker's page; any HTTP answer counts as
+a heartbeat, and any worker of a shaken job may report the failed collective). Then it
+applies the verdict: a lost node is read as NotReady by every pass
 (``ClusterSnapshot.declare_unresponsive``), its jobs are woken, and a Warning Event
-``NodeUnresponsive`` on the Node says why. A node whose Lease is renewed again is read as it
-is at once. Only the leader asks and declares; every operator keeps its Lease times.
+``NodeUnresponsive`` on the Node says why. A declared node whose Lease is renewed after the
+declaration is read as it is at once. Only the leader asks and declares; every operator keeps
+its Lease times.
 
 Worker pods on nodes labelled with one of ``settings.skip_metrics_labels`` (kwok's simulated
 nodes, whose pod addresses belong to nobody) are never asked, so such a node is never declared
@@ -40,6 +45,7 @@ from elastra.elastic.liveness import (
     NodeSignals,
     lease_overdue,
     node_lost,
+    peers_lost_version,
     silence,
 )
 from elastra.kube import events, resources
@@ -48,8 +54,11 @@ from elastra.kube.informer import Informer
 
 log = logging.getLogger("elastra.operator")
 
-Probe = Callable[[str], Awaitable[bool]]
-"""Asks one worker address (``ip:port``) for a heartbeat: True if it answered."""
+Probe = Callable[[str], Awaitable[str | None]]
+"""Asks one worker address (``ip:port``) for a heartbeat: its page (any HTTP answer counts,
+an error page reads empty), or ``None`` when it did not answer."""
+MAX_PAGE_BYTES = 64 << 10
+"""Read of a worker's page: the few hundred bytes of an agent's metrics, never more."""
 
 
 def slim_lease(lease: JsonDict) -> JsonDict:
@@ -62,12 +71,22 @@ def slim_lease(lease: JsonDict) -> JsonDict:
     }
 
 
+@dataclass(frozen=True)
+class Worker:
+    """A Running worker pod the operator can ask."""
+
+    job: str
+    """``namespace/name`` of its job (its label)."""
+    pod: str
+    ip: str
+
+
 def workers_by_node(
     pods: Iterable[Mapping[str, Any]], nodes: Iterable[Mapping[str, Any]], skip: Sequence[str]
-) -> dict[str, list[str]]:
-    """Node -> the pod IPs of the Running worker pods on it, nodes with a skip label left out."""
+) -> dict[str, list[Worker]]:
+    """Node -> the Running worker pods on it, nodes with a skip label left out."""
     skipped = {str((n.get("metadata") or {}).get("name")) for n in nodes if simulated(n, skip)}
-    found: dict[str, list[str]] = {}
+    found: dict[str, list[Worker]] = {}
     for pod in pods:
         meta, spec, status = (
             pod.get("metadata") or {},
@@ -75,12 +94,24 @@ def workers_by_node(
             pod.get("status") or {},
         )
         node, ip = spec.get("nodeName"), status.get("podIP")
-        if not (meta.get("labels") or {}).get(LABEL_JOB) or not node or not ip:
+        job = (meta.get("labels") or {}).get(LABEL_JOB)
+        if not job or not node or not ip:
             continue
         if status.get("phase") != "Running" or meta.get("deletionTimestamp") or node in skipped:
             continue
-        found.setdefault(str(node), []).append(str(ip))
+        worker = Worker(f"{meta.get('namespace')}/{job}", str(meta.get("name")), str(ip))
+        found.setdefault(str(node), []).append(worker)
     return found
+
+
+def sentinels(workers: Mapping[str, Sequence[Worker]]) -> dict[str, Worker]:
+    """Job -> the one worker asked every round whether its world lost a member (the first
+    by pod name: the same pod each round)."""
+    chosen: dict[str, Worker] = {}
+    for worker in (w for on_node in workers.values() for w in on_node):
+        if worker.job not in chosen or worker.pod < chosen[worker.job].pod:
+            chosen[worker.job] = worker
+    return chosen
 
 
 @dataclass
@@ -92,6 +123,23 @@ class _Seen:
     """When this operator first saw ``renew_time`` (its own clock)."""
     duration: timedelta | None
     silent_since: datetime | None = None
+    declared: datetime | None = None
+    """When this operator declared the node lost (``None``: it did not)."""
+
+
+@dataclass
+class _Round:
+    """What one round learnt from the workers it asked."""
+
+    pages: dict[str, str | None] = field(default_factory=dict)
+    """Worker IP -> its page, ``None``: no answer."""
+    broken: set[str] = field(default_factory=set)
+    """Jobs a worker of which reported a failed collective (a member gone)."""
+
+    def learn(self, worker: Worker, page: str | None) -> None:
+        self.pages[worker.ip] = page
+        if page is not None and peers_lost_version(page) is not None:
+            self.broken.add(worker.job)
 
 
 @dataclass
@@ -141,51 +189,82 @@ class NodeLiveness:
                 await self._session.close()
 
     async def tick(self) -> list[str]:
-        """One round: note renewals, ask the workers of overdue nodes, apply the verdicts;
-        returns the nodes declared lost in this round."""
+        """One round: note renewals, ask each job's sentinel worker, ask the workers of the
+        suspect nodes, apply the verdicts; returns the nodes declared lost in this round."""
         now = self.clock()
         self._note_renewals(now)
         if not self.leader.leading:
-            return []
-        suspects: list[str] = []
-        for node, seen in self._seen.items():
-            if not lease_overdue(NodeSignals(seen.seen, seen.duration), now):
-                seen.silent_since = None
-                if self.snapshot.clear_unresponsive(node):
-                    log.info("node %s renews its Lease again: read as it is", node)
-                    self.wake_jobs()
-            elif node not in self.snapshot.unresponsive_nodes:
-                suspects.append(node)
-        if not suspects:  # the usual round: no pod is looked at
             return []
         workers = workers_by_node(
             self.snapshot.pods.items(),
             self.snapshot.nodes.items(),
             self.settings.skip_metrics_labels,
         )
-        overdue = {node: workers[node] for node in suspects if workers.get(node)}
-        answers = await asyncio.gather(*(self._any_answers(a) for a in overdue.values()))
-        declared = [
-            node
-            for (node, addresses), answered in zip(overdue.items(), answers, strict=True)
-            if self._judge(node, len(addresses), answered=answered, probed_at=now)
-        ]
+        learnt = _Round()
+        shaken = await self._shaken_jobs(workers, learnt)
+        suspects = self._suspects(workers, shaken, now)
+        if not suspects:  # the usual round: one page per job was read
+            return []
+        asked = [w for node in suspects for w in workers[node] if w.ip not in learnt.pages]
+        for worker, page in zip(asked, await self._ask(asked), strict=True):
+            learnt.learn(worker, page)
+        declared = [node for node in suspects if self._judge(node, workers[node], learnt, now)]
         if declared:
             self.wake_jobs()
             for node in declared:
                 await self._record(node)
         return declared
 
-    def _judge(self, node: str, workers: int, *, answered: bool, probed_at: datetime) -> bool:
-        """Apply one round's answer to the node's silence; True if it is declared lost now."""
+    async def _shaken_jobs(
+        self, workers: Mapping[str, Sequence[Worker]], learnt: _Round
+    ) -> set[str]:
+        """Ask each job's sentinel; the jobs whose sentinel is silent or says its world lost
+        a member (every worker of those is asked next)."""
+        chosen = sentinels(workers)
+        for worker, page in zip(chosen.values(), await self._ask(chosen.values()), strict=True):
+            learnt.learn(worker, page)
+        return {job for job, w in chosen.items() if learnt.pages[w.ip] is None} | learnt.broken
+
+    def _suspects(
+        self, workers: Mapping[str, Sequence[Worker]], shaken: set[str], now: datetime
+    ) -> list[str]:
+        """Nodes whose workers are asked this round: those with an overdue Lease or a worker
+        of a shaken job, not declared yet. A declared node whose Lease was renewed since is
+        read as it is again."""
+        suspects: list[str] = []
+        for node, seen in self._seen.items():
+            if node in self.snapshot.unresponsive_nodes:
+                if seen.declared is None or seen.seen > seen.declared:
+                    self._restore(node, "renews its Lease again")
+                continue
+            overdue = lease_overdue(NodeSignals(seen.seen, seen.duration), now)
+            if workers.get(node) and (overdue or any(w.job in shaken for w in workers[node])):
+                suspects.append(node)
+            else:
+                seen.silent_since = None
+        return suspects
+
+    def _judge(
+        self, node: str, on_node: Sequence[Worker], learnt: _Round, probed_at: datetime
+    ) -> bool:
+        """Apply one round's answers to the node's silence; True if it is declared lost now."""
         seen = self._seen[node]
+        answered = any(learnt.pages.get(w.ip) is not None for w in on_node)
         seen.silent_since = silence(seen.silent_since, answered=answered, probed_at=probed_at)
-        signals = NodeSignals(seen.seen, seen.duration, workers, seen.silent_since)
-        lost = node_lost(node, signals, self.clock())
+        peers_lost = any(w.job in learnt.broken for w in on_node)
+        signals = NodeSignals(seen.seen, seen.duration, len(on_node), seen.silent_since, peers_lost)
+        now = self.clock()
+        lost = node_lost(node, signals, now)
         if lost is None or not self.snapshot.declare_unresponsive(node, lost.message):
             return False
+        seen.declared = now
         log.warning("%s", lost.message)
         return True
+
+    def _restore(self, node: str, why: str) -> None:
+        if self.snapshot.clear_unresponsive(node):
+            log.info("node %s %s: read as it is", node, why)
+            self.wake_jobs()
 
     def _note_renewals(self, now: datetime) -> None:
         current: dict[str, _Seen] = {}
@@ -202,27 +281,29 @@ class NodeLiveness:
                 was.duration = duration
                 current[name] = was
             else:
-                current[name] = _Seen(renew, now, duration)
+                declared = None if was is None else was.declared
+                current[name] = _Seen(renew, now, duration, declared=declared)
         for gone in set(self._seen) - set(current):
-            if self.snapshot.clear_unresponsive(gone):
-                self.wake_jobs()
+            self._restore(gone, "has no Lease any more")
         self._seen = current
 
-    async def _any_answers(self, addresses: Sequence[str]) -> bool:
+    async def _ask(self, workers: Iterable[Worker]) -> list[str | None]:
         port = self.settings.metrics_port
         probe = self.probe or self._http_probe
-        answers = await asyncio.gather(*(probe(f"{ip}:{port}") for ip in addresses))
-        return any(answers)
+        return list(await asyncio.gather(*(probe(f"{w.ip}:{port}") for w in workers)))
 
-    async def _http_probe(self, address: str) -> bool:
+    async def _http_probe(self, address: str) -> str | None:
         if self._session is None:
             timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT.total_seconds())
             self._session = aiohttp.ClientSession(timeout=timeout)
         try:
             async with self._session.get(f"http://{address}/metrics") as reply:
-                return reply.status > 0
+                if reply.status != 200:
+                    return ""
+                body = await reply.content.read(MAX_PAGE_BYTES)
+                return body.decode("utf-8", errors="replace")
         except (aiohttp.ClientError, TimeoutError, OSError):
-            return False
+            return None
 
     async def _record(self, node: str) -> None:
         why = self.snapshot.unresponsive_nodes.get(node, "")
