@@ -1,4 +1,5 @@
-"""Which workers the liveness task asks for a heartbeat, and what of a Lease it keeps.
+"""Which workers the liveness task asks for a heartbeat, each job's sentinel, and what of a
+Lease it keeps.
 
 The rounds themselves (Leases watched, workers asked over HTTP, the verdict applied and the
 Node's Event) run against the real API server in tests/integration/test_node_liveness.py.
@@ -10,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from elastra.controller.engine.nodeliveness import slim_lease, workers_by_node
+from elastra.controller.engine.nodeliveness import Worker, sentinels, slim_lease, workers_by_node
 
 
 def pod(name: str, node: str, *, ip: str = "10.0.0.1", **changes: Any) -> dict[str, Any]:
     labels = changes.pop("labels", {"elastra.dev/job": "gpt"})
-    meta: dict[str, Any] = {"name": name, "labels": labels}
+    meta: dict[str, Any] = {"name": name, "namespace": "ml", "labels": labels}
     if changes.pop("deleting", False):
         meta["deletionTimestamp"] = "2026-12-04T05:00:00Z"
     return {
@@ -45,7 +46,19 @@ NODES = [
 def test_the_running_workers_of_real_nodes_are_asked(
     pods: list[dict[str, Any]], asked: dict[str, list[str]]
 ) -> None:
-    assert workers_by_node(pods, NODES, ("type=kwok",)) == asked
+    found = workers_by_node(pods, NODES, ("type=kwok",))
+    assert {node: [w.ip for w in on_node] for node, on_node in found.items()} == asked
+    assert all(w.job == "ml/gpt" for on_node in found.values() for w in on_node)
+
+
+def test_each_job_has_one_sentinel_the_same_every_round() -> None:
+    found = {
+        "n1": [Worker("ml/gpt", "gpt-w1", "10.0.0.2"), Worker("ml/bert", "bert-w0", "10.0.0.3")],
+        "n2": [Worker("ml/gpt", "gpt-w0", "10.0.0.1")],
+    }
+    chosen = sentinels(found)
+    assert {job: w.pod for job, w in chosen.items()} == {"ml/gpt": "gpt-w0", "ml/bert": "bert-w0"}
+    assert sentinels(dict(reversed(list(found.items())))) == chosen
 
 
 def test_a_lease_keeps_its_name_renewal_and_duration_only() -> None:
