@@ -18,8 +18,8 @@ each alone gives false alarms:
 - A collective that failed: when a member's processes die with its node, their connections
   close and the survivors' collectives fail at once; each survivor's agent then exports
   the world version that failed (``PEERS_LOST_METRIC``) while it waits for the world of
-  survivors. The operator asks one worker of every job each round for it (any other worker
-  when that one is silent), so a world that lost a member is known within a round or two,
+  survivors. The operator asks one worker of every job each round for it (one on another
+  node too when that one is silent), so a world that lost a member is known within a round,
   long before the Lease is overdue. Alone it says a member is gone, not which, nor whether
   its node is (an OOM-killed pod breaks the collectives as well).
 

@@ -51,13 +51,20 @@ def test_the_running_workers_of_real_nodes_are_asked(
     assert all(w.job == "ml/gpt" for on_node in found.values() for w in on_node)
 
 
-def test_each_job_has_one_sentinel_the_same_every_round() -> None:
+def test_each_job_has_a_sentinel_the_same_every_round_and_one_on_another_node() -> None:
     found = {
-        "n1": [Worker("ml/gpt", "gpt-w1", "10.0.0.2"), Worker("ml/bert", "bert-w0", "10.0.0.3")],
-        "n2": [Worker("ml/gpt", "gpt-w0", "10.0.0.1")],
+        "n1": [
+            Worker("ml/gpt", "gpt-w1", "10.0.0.2", "n1"),
+            Worker("ml/bert", "bert-w0", "10.0.0.3", "n1"),
+            Worker("ml/gpt", "gpt-w0", "10.0.0.4", "n1"),
+        ],
+        "n2": [Worker("ml/gpt", "gpt-w3", "10.0.0.5", "n2"), Worker("ml/gpt", "gpt-w2", "", "n2")],
     }
     chosen = sentinels(found)
-    assert {job: w.pod for job, w in chosen.items()} == {"ml/gpt": "gpt-w0", "ml/bert": "bert-w0"}
+    assert {job: [w.pod for w in ws] for job, ws in chosen.items()} == {
+        "ml/gpt": ["gpt-w0", "gpt-w2"],  # the second is the first pod by name on another node
+        "ml/bert": ["bert-w0"],  # all on one node: no second
+    }
     assert sentinels(dict(reversed(list(found.items())))) == chosen
 
 

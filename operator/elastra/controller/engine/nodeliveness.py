@@ -4,10 +4,10 @@ its worlds' failed collectives.
 The rule is ``elastra.elastic.liveness``'s; this module feeds it. Once a second it reads the
 node Leases (an informer over ``kube-node-lease``), notes when it saw each one renewed (its
 own clock, so a node whose clock is off is judged as fairly as the others), and reads one
-worker's metrics page per job (its sentinel: the first pod by name). A job whose sentinel is
-silent or says its world lost a member is shaken: every node with a worker of it is asked this
-round, as is every node whose Lease is overdue (each worker's page; any HTTP answer counts as
-a heartbeat, and any worker of a shaken job may report the failed collective). Then it
+worker's metrics page per job (its sentinel: the first pod by name; when it is silent, the
+first on another node too). A job whose sentinel says its world lost a member is shaken:
+every node with a worker of it is asked this round, as is every node whose Lease is overdue
+(each worker's page; any HTTP answer counts as a heartbeat). Then it
 applies the verdict: a lost node is read as NotReady by every pass
 (``ClusterSnapshot.declare_unresponsive``), its jobs are woken, and a Warning Event
 ``NodeUnresponsive`` on the Node says why. A declared node whose Lease is renewed after the
@@ -79,6 +79,7 @@ class Worker:
     """``namespace/name`` of its job (its label)."""
     pod: str
     ip: str
+    node: str
 
 
 def workers_by_node(
@@ -99,19 +100,25 @@ def workers_by_node(
             continue
         if status.get("phase") != "Running" or meta.get("deletionTimestamp") or node in skipped:
             continue
-        worker = Worker(f"{meta.get('namespace')}/{job}", str(meta.get("name")), str(ip))
+        worker = Worker(f"{meta.get('namespace')}/{job}", str(meta.get("name")), str(ip), str(node))
         found.setdefault(str(node), []).append(worker)
     return found
 
 
-def sentinels(workers: Mapping[str, Sequence[Worker]]) -> dict[str, Worker]:
-    """Job -> the one worker asked every round whether its world lost a member (the first
-    by pod name: the same pod each round)."""
-    chosen: dict[str, Worker] = {}
-    for worker in (w for on_node in workers.values() for w in on_node):
-        if worker.job not in chosen or worker.pod < chosen[worker.job].pod:
-            chosen[worker.job] = worker
+def sentinels(workers: Mapping[str, Sequence[Worker]]) -> dict[str, list[Worker]]:
+    """Job -> the workers asked every round whether its world lost a member: the first pod by
+    name (the same each round), then the first on another node, asked only when the first
+    is silent (its node may be the lost one)."""
+    chosen: dict[str, list[Worker]] = {}
+    for worker in sorted((w for on_node in workers.values() for w in on_node), key=_by_pod):
+        picked = chosen.setdefault(worker.job, [])
+        if not picked or (len(picked) == 1 and worker.node != picked[0].node):
+            picked.append(worker)
     return chosen
+
+
+def _by_pod(worker: Worker) -> str:
+    return worker.pod
 
 
 @dataclass
@@ -218,12 +225,20 @@ class NodeLiveness:
     async def _shaken_jobs(
         self, workers: Mapping[str, Sequence[Worker]], learnt: _Round
     ) -> set[str]:
-        """Ask each job's sentinel; the jobs whose sentinel is silent or says its world lost
-        a member (every worker of those is asked next)."""
+        """Ask each job's sentinels: the jobs one of which says its world lost a member
+        (every worker of those is asked next). A job none of whose sentinels answers is not
+        shaken: an operator cut off from the workers' port would otherwise ask every worker
+        of every job each round, and hear nothing."""
         chosen = sentinels(workers)
-        for worker, page in zip(chosen.values(), await self._ask(chosen.values()), strict=True):
-            learnt.learn(worker, page)
-        return {job for job, w in chosen.items() if learnt.pages[w.ip] is None} | learnt.broken
+        for turn in (0, 1):
+            asked = [
+                ws[turn]
+                for ws in chosen.values()
+                if len(ws) > turn and (turn == 0 or learnt.pages[ws[0].ip] is None)
+            ]
+            for worker, page in zip(asked, await self._ask(asked), strict=True):
+                learnt.learn(worker, page)
+        return set(learnt.broken)
 
     def _suspects(
         self, workers: Mapping[str, Sequence[Worker]], shaken: set[str], now: datetime
