@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from elastra_worker.agent import IN_MEMORY_RESIZE_ENV
 from elastra_worker.assignment import Assignment, parse_assignment
 from elastra_worker.session.carry import why_not_carried
 from elastra_worker.session.data import DataPosition
-from elastra_worker.session.model import ModelParts
+from elastra_worker.session.model import CPU_DDP_ENV, REBINDABLE_ATTR, ModelParts
 from elastra_worker.session.world import World
 
 from .conftest import STEPS, LocalRun, run_local
@@ -42,6 +42,7 @@ class Case:
     """Where rank 0 of the second world says its state came from."""
     says: str
     """A line of the in-memory run's output that shows the path taken."""
+    env: dict[str, str] = field(default_factory=dict)
 
 
 CASES = [
@@ -55,10 +56,17 @@ CASES = [
          "pipeline or sharded"),
     Case("recompute", f"2:0,2:{RESIZE_AT}:recompute=full", "storage",
          "restarts for world v2: the plan's recompute changes from none to full"),
+    # DDP, as GPU jobs run it (here on gloo): rebuilt over the new world in place
+    Case("shrink ddp", f"2:0,1:{RESIZE_AT}", "memory", "rank 0 resumed step 10 from memory",
+         env={CPU_DDP_ENV: "1"}),
+    Case("grow ddp", f"1:0,2:{RESIZE_AT}", "memory", "rank 1 resumed step 10 from peers (rank 0",
+         env={CPU_DDP_ENV: "1"}),
 ]  # fmt: skip
 
 
-def run(tmp: Path, schedule: str, *, in_memory: bool) -> tuple[LocalRun, list[str]]:
+def run(
+    tmp: Path, schedule: str, *, in_memory: bool, env: dict[str, str]
+) -> tuple[LocalRun, list[str]]:
     """The schedule under the audited trainer; the run and the checkpoint state files its
     trainers opened for reading."""
     audit = tmp / "reads.log"
@@ -74,6 +82,7 @@ def run(tmp: Path, schedule: str, *, in_memory: bool) -> tuple[LocalRun, list[st
             "AUDIT_ROOT": str(ckpt),
             "AUDIT_LOG": str(audit),
             "PYTHONPATH": str(AUDITED.parent),
+            **env,
         },
     )
     assert result.returncode == 0, result.output[-3000:]
@@ -88,8 +97,8 @@ def run(tmp: Path, schedule: str, *, in_memory: bool) -> tuple[LocalRun, list[st
 def test_a_resize_in_memory_trains_what_the_volume_path_trains(
     tmp_path: Path, static_run: LocalRun, case: Case
 ) -> None:
-    memory, memory_reads = run(tmp_path / "memory", case.schedule, in_memory=True)
-    volume, volume_reads = run(tmp_path / "volume", case.schedule, in_memory=False)
+    memory, memory_reads = run(tmp_path / "memory", case.schedule, in_memory=True, env=case.env)
+    volume, volume_reads = run(tmp_path / "volume", case.schedule, in_memory=False, env=case.env)
     want = static_run.by_step()
     for path in (memory, volume):
         assert [r["step"] for r in path.records] == list(range(STEPS)), path.output[-3000:]
@@ -160,7 +169,8 @@ def assignment(tmp: Path, version: int, **changes: Any) -> Assignment:
          "the next world's plan dp2tp1pp1 (sharding full) is tensor"),
         ({"plan": {"recompute": "full"}}, "bare", False,
          "the plan's recompute changes from none to full"),
-        ({}, "ddp", False, "the model is wrapped (DDP/FSDP)"),
+        ({}, "ddp", False, "the model is wrapped by the script (its own DDP, or FSDP)"),
+        ({}, "ddp built by prepare()", False, None),
         ({}, "bare", True, "the script reads through sampler()/loader()"),
         ({"globalBatchSize": 16, "seed": 4}, "bare", False,
          "the next world changes seed, global_batch_size"),
@@ -176,10 +186,14 @@ def test_what_moves_in_memory_and_why_the_rest_restarts(
                   rendezvous_timeout_s=1, collective_timeout_s=1)  # fmt: skip
     parts = ModelParts()
     module: torch.nn.Module = torch.nn.Linear(2, 2)
-    if model == "ddp":
+    if model.startswith("ddp"):
         module = torch.nn.parallel.DistributedDataParallel.__new__(
             torch.nn.parallel.DistributedDataParallel
         )  # the type is what is judged; a real one needs a process group
+        torch.nn.Module.__init__(module)
+        module.module = torch.nn.Linear(2, 2)
+        if model == "ddp built by prepare()":
+            object.__setattr__(module, REBINDABLE_ATTR, True)
     parts.adopt([module])
     data = DataPosition(world)
     data.sliced = sliced

@@ -28,7 +28,7 @@ from ..assignment import Assignment, AssignmentError, parse_assignment
 from ..control import TrainerStatus
 from ..mesh import needs_mesh
 from .data import DataPosition
-from .model import ModelParts, averaging_wrapper
+from .model import ModelParts, rebind, rebindable
 from .world import World
 
 if TYPE_CHECKING:
@@ -57,8 +57,11 @@ def why_not_carried(
             )
     if old.plan.recompute != new.plan.recompute:  # applied to the blocks by prepare()
         return f"the plan's recompute changes from {old.plan.recompute} to {new.plan.recompute}"
-    if len(parts.parts) != 1 or averaging_wrapper(parts.parts[0]) or parts.sharded():
-        return "the model is wrapped (DDP/FSDP): its process group is fixed when it is built"
+    if len(parts.parts) != 1 or not rebindable(parts.parts[0]) or parts.sharded():
+        return (
+            "the model is wrapped by the script (its own DDP, or FSDP): its process group is "
+            "fixed when it is built"
+        )
     if data.sliced:
         return "the script reads through sampler()/loader(), whose rank slice is fixed"
     changed = [f for f in KEPT_SETTINGS if getattr(old, f) != getattr(new, f)]
@@ -133,8 +136,11 @@ def move_to_next_world(world: World, parts: ModelParts, uses: StepParts) -> bool
                 world_version=new.world_version,
             ),
         )
+    # The collectives in the order a joiner's script makes them: its Session opens the
+    # checkpoints, prepare() builds DDP, restore() agrees on the state's source.
     world.rejoin(new)
     checkpoints.open()
+    rebind(world, parts)
     checkpoints.share_with_joiners()
     uses.recorder.clock.moved(new.world_version)
     log.info(

@@ -9,6 +9,7 @@ modules with ``parallel_model.build_parallel``, which hands them to ``ModelParts
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +26,13 @@ from .world import World
 Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer]
 Models = nn.Module | Sequence[nn.Module]
 Parallelize = Callable[[nn.Module, DeviceMesh], None]
+
+
+CPU_DDP_ENV = "ELASTRA_CPU_DDP"
+"""``1``: wrap data-parallel modules in DDP on CPU too (gloo), as on GPUs: the GPU jobs' path,
+where a CPU run would leave the module bare."""
+REBINDABLE_ATTR = "_elastra_rebindable"
+"""Marks a DDP ``prepare`` built, with its settings: the one ``rebind`` may rebuild."""
 
 
 def is_fsdp(model: nn.Module) -> bool:
@@ -159,11 +167,40 @@ def _data_parallel(world: World, model: nn.Module, *, blocks: str | None) -> nn.
         return model
     if plan.tp > 1 or averaging_wrapper(model):
         return model
-    if world.device.type != "cuda":
+    if world.device.type != "cuda" and os.environ.get(CPU_DDP_ENV) != "1":
         # On CPU the module stays bare and the session sums its gradients over the replicas
-        # after backward (``gradients.sum_over_replicas``), as for tensor parallelism: a bare
-        # module outlives a world change (``carry.py``), while DDP is bound to the group it
-        # was built with. What DDP adds, the all-reduce overlapped with backward, buys little
-        # where gloo's threads compete with backward for the same cores.
+        # after backward (``gradients.sum_over_replicas``), as for tensor parallelism. What
+        # DDP adds, the all-reduce overlapped with backward, buys little where gloo's threads
+        # compete with backward for the same cores.
         return model
-    return DistributedDataParallel(model, device_ids=[world.device.index])
+    wrapped = DistributedDataParallel(model, device_ids=_device_ids(world))
+    setattr(wrapped, REBINDABLE_ATTR, True)
+    return wrapped
+
+
+def _device_ids(world: World) -> list[int] | None:
+    return [world.device.index] if world.device.type == "cuda" else None
+
+
+def rebindable(model: nn.Module) -> bool:
+    """A bare module, or a DDP ``prepare`` built: it outlives a world change in memory (DDP
+    rebuilt over the new world by ``rebind``). A wrapper the script built (its own DDP
+    settings, FSDP) is bound to the world it was built in."""
+    if isinstance(model, DistributedDataParallel):
+        return bool(getattr(model, REBINDABLE_ATTR, False))
+    return not is_fsdp(model)
+
+
+def rebind(world: World, parts: ModelParts) -> None:
+    """After ``World.rejoin``: rebuild each DDP ``prepare`` built over the new world's group,
+    in place, so the script's reference, the optimizer's parameters and the DDP methods it
+    calls (``no_sync``, ``module``) stay what they were. DDP keeps its process group, its
+    buckets and its autograd hooks from construction and offers no way to move them: running
+    its constructor again on the same object replaces all three (the old reducer, dropped,
+    removes its hooks). Collective, as a new DDP is: it broadcasts rank 0's parameters and
+    buffers, which a joiner's ``prepare`` meets with its own; the state's sharing, after it,
+    gives every member the newest step."""
+    for part in parts.parts:
+        if isinstance(part, DistributedDataParallel) and getattr(part, REBINDABLE_ATTR, False):
+            DistributedDataParallel.__init__(part, part.module, device_ids=_device_ids(world))
+            setattr(part, REBINDABLE_ATTR, True)
