@@ -267,8 +267,9 @@ class Session:
     ) -> nn.Module:
         """Wrap ``model`` for this consistency mode and plan (``session/model.py`` says how).
 
-        ``none``/``data``: DDP for a bare module on GPUs (bare on CPU, the session reducing its
-        gradients, so it survives a world change), FSDP2 when the plan shards; ``bitwise``: bare.
+        ``none``/``data``: DDP for a bare module on GPUs (rebuilt over the next world when the
+        trainer moves there in memory), bare on CPU (the session reducing its gradients;
+        ``ELASTRA_CPU_DDP=1``: DDP), FSDP2 when the plan shards; ``bitwise``: bare.
         A tensor-parallel plan first splits the model by ``parallelize(model, tp_mesh)`` (your
         own split) or the known Llama block layout. ``blocks`` names the module holding the
         blocks where ``parallel.blocks.find_blocks`` would not find them. The plan's
