@@ -141,14 +141,19 @@ def running_three(job: JobRun) -> tuple[int, list[str]]:
     return first, nodes
 
 
-def declared_lost(kube: Kubectl, node: str) -> float | None:
-    """When (epoch seconds) the operator's Warning Event said ``node`` was lost; ``None``:
-    it did not (the node controller's NotReady came first)."""
+def declared_lost(kube: Kubectl, node: str) -> tuple[float, str] | None:
+    """When (epoch seconds) the operator's Warning Event said ``node`` was lost, and its
+    message (which signals said so); ``None``: it did not (the node controller's NotReady
+    came first)."""
     selector = f"involvedObject.name={node},reason=NodeUnresponsive"
     found = kube.items("events", "-n", "default", "--field-selector", selector)
-    stamps = [str(e.get("firstTimestamp") or "") for e in found]
-    times = [datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp() for s in stamps if s]
-    return min(times) if times else None
+    stamped = [
+        (datetime.fromisoformat(str(e["firstTimestamp"]).replace("Z", "+00:00")).timestamp(),
+         str(e.get("message") or ""))
+        for e in found
+        if e.get("firstTimestamp")
+    ]  # fmt: skip
+    return min(stamped) if stamped else None
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,8 @@ class Timings:
     trained step; and from the node's start to the world of three."""
 
     to_declared: float | None
+    why: str
+    """The declaring Event's message: the signals that said the node was lost."""
     to_shrunk: float
     to_trained: float
     to_grown: float
@@ -182,8 +189,9 @@ def kill_and_return(job: JobRun, kube: Kubectl, container: str, node: str, first
     grown = job.wait_world(3, after=shrunk, timeout=NODE_LOST_S)
     to_grown = time.monotonic() - returned
     job.wait_trained(grown, STEPS_PER_WORLD)
-    to_declared = None if declared is None else declared - killed_at
-    return Timings(to_declared, to_shrunk, to_trained, to_grown)
+    to_declared = None if declared is None else declared[0] - killed_at
+    why = "" if declared is None else declared[1]
+    return Timings(to_declared, why, to_shrunk, to_trained, to_grown)
 
 
 def report(what: str, timings: Timings) -> str:
@@ -194,7 +202,8 @@ def report(what: str, timings: Timings) -> str:
         f"a world of 2 formed after {timings.to_shrunk:.0f}s and trained after "
         f"{timings.to_trained:.0f}s (target {SURVIVORS_TRAIN_S:.0f}s: "
         f"{'met' if timings.to_trained <= SURVIVORS_TRAIN_S else 'missed'}); node back: a world "
-        f"of 3 formed {timings.to_grown:.0f}s after docker start"
+        f"of 3 formed {timings.to_grown:.0f}s after docker start; the operator's Event: "
+        f"{timings.why or 'none'}"
     )
 
 
@@ -223,7 +232,7 @@ def test_a_lost_node_shrinks_the_world_and_its_return_grows_it(
     with capsys.disabled():  # the figures docs/benchmarks.md records, also captured
         print(report(f"node {victim}", timings))
     check_nothing_lost(job, first)
-    assert timings.to_declared is not None, f"{victim} was never declared lost by its Lease"
+    assert timings.to_declared is not None, f"{victim} was never declared lost by the operator"
 
 
 def test_the_operators_node_killed_too_a_new_operator_reforms_the_world(
