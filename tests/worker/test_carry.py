@@ -32,6 +32,8 @@ from .conftest import STEPS, LocalRun, run_local
 
 AUDITED = Path(__file__).resolve().parent / "audited_trainer.py"
 RESIZE_AT = 10
+MICRO_BATCH = 2
+"""The local launcher's default micro-batch size (``--micro-batch-size``)."""
 
 
 @dataclass(frozen=True)
@@ -43,13 +45,15 @@ class Case:
     says: str
     """A line of the in-memory run's output that shows the path taken."""
     env: dict[str, str] = field(default_factory=dict)
+    micro_batch_after: int = 2
+    """The micro-batch size the second world's records say it trained with."""
 
 
 CASES = [
     Case("shrink", f"2:0,1:{RESIZE_AT}", "memory", "rank 0 resumed step 10 from memory"),
     Case("grow", f"1:0,2:{RESIZE_AT}", "memory", "rank 1 resumed step 10 from peers (rank 0"),
     Case("plan change", f"2:0,2:{RESIZE_AT}:mb=1", "memory",  # micro-batches of 1, not 2
-         "rank 0 resumed step 10 from memory into a world of 2"),
+         "rank 0 resumed step 10 from memory into a world of 2", micro_batch_after=1),
     # what cannot move in memory restarts through the checkpoint, saying why
     Case("sharded", f"2:0,2:{RESIZE_AT}:sharding=full", "storage",
          "restarts for world v2: the next world's plan dp2tp1pp1 (sharding full) is tensor, "
@@ -108,6 +112,10 @@ def test_a_resize_in_memory_trains_what_the_volume_path_trains(
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5), f"step {a['step']}: loss"
     first = memory.by_step()[RESIZE_AT]
     assert (first["worldVersion"], first["stateFrom"]) == (2, case.state_from)
+    for path in (memory, volume):  # the new world's plan is the one it trains with
+        before, after = path.by_step()[RESIZE_AT - 1], path.by_step()[RESIZE_AT]
+        assert after["microBatchSize"] == case.micro_batch_after
+        assert before["microBatchSize"] == MICRO_BATCH
     assert volume.by_step()[RESIZE_AT]["stateFrom"] == "storage"
     assert case.says in memory.output, memory.output[-3000:]
     assert volume_reads, "the path through the volume read no checkpoint: the audit sees nothing"

@@ -68,6 +68,7 @@ class StepRecorder:
             "worldSize": world.world_size,
             "worldVersion": world.assignment.world_version,
             "plan": world.plan.label,
+            "microBatchSize": world.plan.micro_batch_size,
             "precision": world.precision,
             "loss": loss,
             "samples": sorted(samples),
