@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from elastra_worker import report_progress
-from elastra_worker.control import PROGRESS_FILE_ENV, ControlDir
+from elastra_worker.control import PROGRESS_FILE_ENV, ControlDir, TrainerStatus
 
 
 @pytest.mark.parametrize(
@@ -52,3 +52,22 @@ def test_a_step_that_is_not_a_count_is_refused(tmp_path: Path, step: Any) -> Non
     with pytest.raises(ValueError, match="report_progress: step must be a whole number >= 0"):
         report_progress(step, environ=env)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_carrying_trainers_over_keeps_only_what_they_reported_in_their_new_world(
+    tmp_path: Path,
+) -> None:
+    """A fast world may train to its stop step and park before the agent sees its trainers
+    arrive: their ``parked`` report in the new version survives; the old world's stop
+    request, offer, progress and reports go, as ``reset`` clears them."""
+    control = ControlDir(tmp_path)
+    control.request_stop("new world version", world_version=1)
+    control.offer_next("{}")
+    control.write_status(0, TrainerStatus("parked", 6, 6, 2))
+    control.write_status(1, TrainerStatus("stopped", 6, 6, 1))
+    (tmp_path / "progress-0.json").write_text(json.dumps({"step": 6}))
+    control.carry_over(2)
+    assert control.status(0) == TrainerStatus("parked", 6, 6, 2)
+    assert control.status(1) is None
+    assert not control.stop_requested(1) and control.next_assignment() is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["status-0.json"]

@@ -310,9 +310,9 @@ class Agent:
     ) -> Outcome:
         """Run the trainers of world ``a`` (new ones, or ``carried`` from the previous world
         in memory) until they all exit, are killed, or move to the next world in memory."""
-        self.control.reset()
         self._offered = None
         if carried is not None:
+            self.control.carry_over(a.world_version)
             log.info("world version %d: its trainers moved here in memory", a.world_version)
             self._set_state(
                 phase="running", worldVersion=a.world_version, worldSize=a.world_size,
@@ -320,6 +320,7 @@ class Agent:
                 peersLostWorldVersion=None,
             )  # fmt: skip
             return self._watch_trainers(a, carried)
+        self.control.reset()
         log.info(
             "world version %d: ranks %d..%d of %d",
             a.world_version,
@@ -442,13 +443,13 @@ class Agent:
 
     def _all_in(self, count: int, state: str) -> bool:
         """Whether every trainer reported ``state``: ``continued`` into the offered world
-        version, or ``parked`` at this world's stop step."""
-        version = self._offered.world_version if state == "continued" and self._offered else None
+        version (or already anything in it: a fast world may have trained to its stop step
+        and parked there between two looks), or ``parked`` at this world's stop step."""
         statuses = [self.control.status(lr) for lr in range(count)]
-        return all(
-            s is not None and s.state == state and (version is None or s.world_version == version)
-            for s in statuses
-        )
+        if state == "continued":
+            version = None if self._offered is None else self._offered.world_version
+            return all(s is not None and s.world_version == version for s in statuses)
+        return all(s is not None and s.state == state for s in statuses)
 
     def _trainers_exit(self, count: int, *, terminated: bool) -> Outcome:
         """All Session trainers exited 0: done or stopped, as their status files say."""

@@ -80,6 +80,20 @@ class ControlDir:
             if entry.is_file():
                 entry.unlink()
 
+    def carry_over(self, world_version: int) -> None:
+        """Before watching trainers that moved to ``world_version`` in memory: clear as
+        ``reset`` does, but keep what those trainers already reported in that version (a fast
+        world may have trained to its stop step and parked before the agent looked)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        for entry in self.path.iterdir():
+            if not entry.is_file():
+                continue
+            if entry.name.startswith("status-"):
+                raw = _read_json(entry)
+                if raw is not None and raw.get("worldVersion") == world_version:
+                    continue
+            entry.unlink(missing_ok=True)
+
     def request_stop(self, reason: str, *, world_version: int) -> None:
         """Ask the trainers of ``world_version`` to stop at the next step boundary."""
         _write_json(self.path / STOP, {"reason": reason, "worldVersion": world_version})

@@ -87,8 +87,8 @@ def next_world(world: World, uses: StepParts) -> Assignment | None:
     version = world.assignment.world_version
     parked = False
     while True:
-        raw = control.next_assignment()
-        if raw is not None:
+        offered = offered_after(world, control.next_assignment())
+        if offered is not None:
             break
         if control.stop_requested(version):
             return None
@@ -103,13 +103,23 @@ def next_world(world: World, uses: StepParts) -> Assignment | None:
             parked = True
         time.sleep(PARK_POLL_S)
     uses.stall_watch.arm()
+    return offered if isinstance(offered, Assignment) else None
+
+
+def offered_after(world: World, raw: str | None) -> Assignment | bool | None:
+    """The offer in ``raw`` when it is for a later world version than ``world``'s; ``None``
+    for no offer, or the one that brought this trainer here (the agent clears it only once it
+    sees the trainer arrive; a fast world may park before then); ``False`` for an unreadable
+    one (the trainer restarts)."""
+    if raw is None:
+        return None
     try:
         new = parse_assignment(raw)
     except AssignmentError as err:
         log.warning("rank %d: the offered next world is unreadable (%s): restarting", world.rank,
                     err)  # fmt: skip
-        return None
-    return new if new.world_version > version else None
+        return False
+    return new if new.world_version > world.assignment.world_version else None
 
 
 def move_to_next_world(world: World, parts: ModelParts, uses: StepParts) -> bool:
