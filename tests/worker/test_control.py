@@ -66,7 +66,7 @@ def test_carrying_trainers_over_keeps_only_what_they_reported_in_their_new_world
     control.write_status(0, TrainerStatus("parked", 6, 6, 2))
     control.write_status(1, TrainerStatus("stopped", 6, 6, 1))
     (tmp_path / "progress-0.json").write_text(json.dumps({"step": 6}))
-    control.carry_over(2)
+    control.reset(keep_reports_of=2)
     assert control.status(0) == TrainerStatus("parked", 6, 6, 2)
     assert control.status(1) is None
     assert not control.stop_requested(1) and control.next_assignment() is None

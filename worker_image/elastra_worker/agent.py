@@ -312,7 +312,7 @@ class Agent:
         in memory) until they all exit, are killed, or move to the next world in memory."""
         self._offered = None
         if carried is not None:
-            self.control.carry_over(a.world_version)
+            self.control.reset(keep_reports_of=a.world_version)
             log.info("world version %d: its trainers moved here in memory", a.world_version)
             self._set_state(
                 phase="running", worldVersion=a.world_version, worldSize=a.world_size,
@@ -402,10 +402,10 @@ class Agent:
                 if self._offered is not None:  # offered the next world, but they restart
                     self._set_state(resizesRestarted=self.state["resizesRestarted"] + 1)
                 return self._trainers_exit(len(procs), terminated=terminated)
-            if self._offered is not None and self._all_in(len(procs), "continued"):
+            if self._offered is not None and self._all_moved(len(procs)):
                 self._carried = (self._offered, procs)
                 return "continued"
-            if self.state["phase"] == "running" and self._all_in(len(procs), "parked"):
+            if self.state["phase"] == "running" and self._all_parked(len(procs)):
                 self._set_state(phase="stopped")  # the world reached its stop step
             if self._terminating and not terminated:
                 terminated = True
@@ -441,15 +441,18 @@ class Agent:
             self.control.offer_next(newer.to_json())
             self._offered = newer
 
-    def _all_in(self, count: int, state: str) -> bool:
-        """Whether every trainer reported ``state``: ``continued`` into the offered world
-        version (or already anything in it: a fast world may have trained to its stop step
-        and parked there between two looks), or ``parked`` at this world's stop step."""
+    def _all_moved(self, count: int) -> bool:
+        """Whether every trainer reported from the offered world version: ``continued``, or
+        already anything there (a fast world may train to its stop step and park between two
+        looks)."""
+        version = None if self._offered is None else self._offered.world_version
         statuses = [self.control.status(lr) for lr in range(count)]
-        if state == "continued":
-            version = None if self._offered is None else self._offered.world_version
-            return all(s is not None and s.world_version == version for s in statuses)
-        return all(s is not None and s.state == state for s in statuses)
+        return all(s is not None and s.world_version == version for s in statuses)
+
+    def _all_parked(self, count: int) -> bool:
+        """Whether every trainer reported ``parked`` at this world's stop step."""
+        statuses = [self.control.status(lr) for lr in range(count)]
+        return all(s is not None and s.state == "parked" for s in statuses)
 
     def _trainers_exit(self, count: int, *, terminated: bool) -> Outcome:
         """All Session trainers exited 0: done or stopped, as their status files say."""

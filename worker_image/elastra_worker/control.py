@@ -73,24 +73,18 @@ class ControlDir:
         self.path = Path(path)
 
     # agent side
-    def reset(self) -> None:
-        """Clear requests and reports before starting trainers for a new world."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        for entry in self.path.iterdir():
-            if entry.is_file():
-                entry.unlink()
-
-    def carry_over(self, world_version: int) -> None:
-        """Before watching trainers that moved to ``world_version`` in memory: clear as
-        ``reset`` does, but keep what those trainers already reported in that version (a fast
-        world may have trained to its stop step and parked before the agent looked)."""
+    def reset(self, *, keep_reports_of: int | None = None) -> None:
+        """Clear requests and reports before starting trainers for a new world; with
+        ``keep_reports_of``, before watching trainers that moved to that world version in
+        memory, keep what they already reported in it (a fast world may have trained to its
+        stop step and parked before the agent looked)."""
         self.path.mkdir(parents=True, exist_ok=True)
         for entry in self.path.iterdir():
             if not entry.is_file():
                 continue
-            if entry.name.startswith("status-"):
+            if keep_reports_of is not None and entry.name.startswith("status-"):
                 raw = _read_json(entry)
-                if raw is not None and raw.get("worldVersion") == world_version:
+                if raw is not None and raw.get("worldVersion") == keep_reports_of:
                     continue
             entry.unlink(missing_ok=True)
 
