@@ -9,6 +9,7 @@ modules with ``parallel_model.build_parallel``, which hands them to ``ModelParts
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +27,8 @@ from .world import World
 Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer]
 Models = nn.Module | Sequence[nn.Module]
 Parallelize = Callable[[nn.Module, DeviceMesh], None]
+
+log = logging.getLogger(__name__)
 
 
 CPU_DDP_ENV = "ELASTRA_CPU_DDP"
@@ -201,6 +204,8 @@ def rebind(world: World, parts: ModelParts) -> None:
     buffers, which a joiner's ``prepare`` meets with its own; the state's sharing, after it,
     gives every member the newest step."""
     for part in parts.parts:
-        if isinstance(part, DistributedDataParallel) and getattr(part, REBINDABLE_ATTR, False):
+        if isinstance(part, DistributedDataParallel) and rebindable(part):
             DistributedDataParallel.__init__(part, part.module, device_ids=_device_ids(world))
             setattr(part, REBINDABLE_ATTR, True)
+            log.info("rank %d rebuilt its DDP module over world v%d (world size %d)", world.rank,
+                     world.assignment.world_version, world.world_size)  # fmt: skip
