@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from elastra_worker.agent import IN_MEMORY_RESIZE_ENV
-from elastra_worker.assignment import Assignment, parse_assignment
+from elastra_worker.assignment import Assignment, AssignmentError, parse_assignment
 from elastra_worker.session.carry import offered_after, why_not_carried
 from elastra_worker.session.data import DataPosition
 from elastra_worker.session.model import CPU_DDP_ENV, REBINDABLE_ATTR, ModelParts
@@ -226,16 +226,22 @@ def test_what_moves_in_memory_and_why_the_rest_restarts(
         (None, None),  # nothing offered: park
         ({"worldVersion": 1}, None),  # the offer that brought this trainer here: park on
         ({"worldVersion": 2}, 2),
-        ("{not json", False),  # unreadable: restart
+        ("{not json", AssignmentError),  # unreadable: restart
     ],
 )
 def test_a_parked_trainer_takes_only_an_offer_of_a_later_world(
-    tmp_path: Path, offer: dict[str, Any] | str | None, expected: int | bool | None
+    tmp_path: Path,
+    offer: dict[str, Any] | str | None,
+    expected: int | type[AssignmentError] | None,
 ) -> None:
     world = World(assignment(tmp_path, 1), local_rank=0, device=torch.device("cpu"),
                   rendezvous_timeout_s=1, collective_timeout_s=1)  # fmt: skip
-    raw = offer
-    if isinstance(offer, dict):
-        raw = assignment(tmp_path, offer["worldVersion"]).to_json()
+    raw = (
+        assignment(tmp_path, offer["worldVersion"]).to_json() if isinstance(offer, dict) else offer
+    )
+    if expected is AssignmentError:
+        with pytest.raises(AssignmentError):
+            offered_after(world, raw)
+        return
     got = offered_after(world, raw)
-    assert (got.world_version if isinstance(got, Assignment) else got) == expected
+    assert (None if got is None else got.world_version) == expected

@@ -87,7 +87,12 @@ def next_world(world: World, uses: StepParts) -> Assignment | None:
     version = world.assignment.world_version
     parked = False
     while True:
-        offered = offered_after(world, control.next_assignment())
+        try:
+            offered = offered_after(world, control.next_assignment())
+        except AssignmentError as err:
+            log.warning("rank %d: the offered next world is unreadable (%s): restarting",
+                        world.rank, err)  # fmt: skip
+            return None
         if offered is not None:
             break
         if control.stop_requested(version):
@@ -103,22 +108,17 @@ def next_world(world: World, uses: StepParts) -> Assignment | None:
             parked = True
         time.sleep(PARK_POLL_S)
     uses.stall_watch.arm()
-    return offered if isinstance(offered, Assignment) else None
+    return offered
 
 
-def offered_after(world: World, raw: str | None) -> Assignment | bool | None:
+def offered_after(world: World, raw: str | None) -> Assignment | None:
     """The offer in ``raw`` when it is for a later world version than ``world``'s; ``None``
     for no offer, or the one that brought this trainer here (the agent clears it only once it
-    sees the trainer arrive; a fast world may park before then); ``False`` for an unreadable
-    one (the trainer restarts)."""
+    sees the trainer arrive; a fast world may park before then). Raises ``AssignmentError``
+    for an unreadable one (the trainer restarts)."""
     if raw is None:
         return None
-    try:
-        new = parse_assignment(raw)
-    except AssignmentError as err:
-        log.warning("rank %d: the offered next world is unreadable (%s): restarting", world.rank,
-                    err)  # fmt: skip
-        return False
+    new = parse_assignment(raw)
     return new if new.world_version > world.assignment.world_version else None
 
 

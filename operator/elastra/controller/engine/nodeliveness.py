@@ -207,6 +207,7 @@ class NodeLiveness:
             self.snapshot.nodes.items(),
             self.settings.skip_metrics_labels,
         )
+        self._restore_renewed()
         learnt = _Round()
         shaken = await self._shaken_jobs(workers, learnt)
         suspects = self._suspects(workers, shaken, now)
@@ -244,13 +245,10 @@ class NodeLiveness:
         self, workers: Mapping[str, Sequence[Worker]], shaken: set[str], now: datetime
     ) -> list[str]:
         """Nodes whose workers are asked this round: those with an overdue Lease or a worker
-        of a shaken job, not declared yet. A declared node whose Lease was renewed since is
-        read as it is again."""
+        of a shaken job, not declared yet."""
         suspects: list[str] = []
         for node, seen in self._seen.items():
             if node in self.snapshot.unresponsive_nodes:
-                if seen.declared is None or seen.seen > seen.declared:
-                    self._restore(node, "renews its Lease again")
                 continue
             overdue = lease_overdue(NodeSignals(seen.seen, seen.duration), now)
             if workers.get(node) and (overdue or any(w.job in shaken for w in workers[node])):
@@ -258,6 +256,16 @@ class NodeLiveness:
             else:
                 seen.silent_since = None
         return suspects
+
+    def _restore_renewed(self) -> None:
+        """A declared node whose Lease was renewed since the declaration is read as it is
+        again; one this operator did not declare (its predecessor did) at once, as there is
+        no declaration to set its renewals against."""
+        for node, seen in self._seen.items():
+            if node in self.snapshot.unresponsive_nodes and (
+                seen.declared is None or seen.seen > seen.declared
+            ):
+                self._restore(node, "renews its Lease again")
 
     def _judge(
         self, node: str, on_node: Sequence[Worker], learnt: _Round, probed_at: datetime
