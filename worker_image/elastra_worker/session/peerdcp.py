@@ -1,0 +1,311 @@
+"""DCP storage in the trainers' memory: a world's state saved to host memory, and loaded by the
+next world, resharded to its plan, from the members that hold it, over the process group.
+
+Why: a tensor-, pipeline- or sharded-data-parallel plan holds each parameter as shards laid out
+for its mesh; a world of another size or plan needs other shards. PyTorch's distributed
+checkpoint (DCP) already computes that redistribution for any two layouts (its load plan says,
+for every piece of every tensor this rank needs, which saved chunk holds it and where); what it
+lacks is storage other than files. ``MemoryWriter`` is a DCP storage writer that keeps each
+rank's chunks in this process (a copy in host memory, as an asynchronous save stages it) and
+names, in the metadata, the rank that holds each; ``PeerReader`` is the reader a member of the
+next world loads through: the coordinator routes every read to a member that holds the chunk,
+and each rank then sends the slices the others asked of it and receives its own, one message
+per pair of ranks, instead of reading a checkpoint back from the volume. DCP keeps doing what
+it does for files: planning, resharding (uneven and strided shards included), and gathering
+any rank's error to every rank.
+
+A chunk whose holder is not in the new world (a member that left) cannot be read here: the
+coordinator's plan fails on every rank alike, before any data moves, and the caller restores
+from the durable checkpoint instead.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import (
+    Metadata,
+    MetadataIndex,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+
+@dataclass(frozen=True)
+class HeldChunk:
+    """Where a saved chunk is: the rank of the saving world that holds it, and its size."""
+
+    rank: int
+    nbytes: int
+
+
+@dataclass
+class HeldState:
+    """One rank's part of a state saved in memory: its chunks and the whole save's metadata."""
+
+    rank: int
+    """This rank in the world that saved it."""
+    chunks: dict[MetadataIndex, torch.Tensor | bytes]
+    metadata: Metadata | None = None
+    """The whole save's, on every rank (``save_in_memory`` sets it)."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_nbytes(c) for c in self.chunks.values())
+
+
+@dataclass(frozen=True)
+class _Send:
+    """A slice this rank sends: of which held chunk, to whom."""
+
+    dst: int
+    storage_index: MetadataIndex
+    storage_offsets: torch.Size
+    lengths: torch.Size
+    whole: bool
+    """A byte item: the whole chunk, not a tensor slice."""
+
+
+@dataclass(frozen=True)
+class _Route:
+    """The coordinator's routing of one rank's reads: each read item's source rank (in the
+    loading group) and the slices this rank sends to others, in the order they read them."""
+
+    sources: tuple[int, ...]
+    sends: tuple[_Send, ...]
+
+
+class MemoryWriter(StorageWriter):
+    """Keeps this rank's chunks of a ``dcp.save`` in host memory (``held``)."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.held = HeldState(rank, {})
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        self.held = HeldState(self.held.rank, {})
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return plans
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        results = []
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            chunk: torch.Tensor | bytes
+            if item.type == WriteItemType.BYTE_IO:
+                assert isinstance(data, io.BytesIO)
+                chunk = data.getvalue()
+            else:
+                assert isinstance(data, torch.Tensor)
+                chunk = data.detach().to("cpu", copy=True).contiguous()
+            self.held.chunks[item.index] = chunk
+            where = HeldChunk(self.held.rank, _nbytes(chunk))
+            results.append(WriteResult(item.index, where.nbytes, where))
+        future: Future[list[WriteResult]] = Future()
+        future.set_result(results)
+        return future
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return False  # memory has no checkpoint ids
+
+
+def save_in_memory(state: dict[str, Any], *, group: dist.ProcessGroup | None) -> HeldState:
+    """``state`` (a DCP state dict) saved to this rank's memory over ``group``: its part and
+    the save's metadata. Collective."""
+    writer = MemoryWriter(dist.get_rank(group))
+    metadata = dcp_save(state, storage_writer=writer, process_group=group)
+    writer.held.metadata = metadata
+    return writer.held
+
+
+class NotHeldError(RuntimeError):
+    """A chunk the load needs is held by no member of the loading world."""
+
+
+class PeerReader(StorageReader):
+    """Loads a state saved by ``MemoryWriter`` from the members of ``group`` that hold it.
+    ``held`` is this rank's part (``None`` for a member that holds nothing, a joiner);
+    ``metadata`` the save's, on every rank; ``group`` a gloo group (the slices travel in host
+    memory)."""
+
+    def __init__(
+        self, held: HeldState | None, metadata: Metadata, group: dist.ProcessGroup | None
+    ) -> None:
+        super().__init__()
+        self._held = held
+        self._metadata = metadata
+        self._group = group
+        self.received_bytes = 0
+        """Bytes this rank received from other members in the last load."""
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        self.received_bytes = 0
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        return self._metadata
+
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
+        pass
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """Tell the coordinator which saving rank's chunks this rank holds."""
+        return replace(plan, storage_data=None if self._held is None else self._held.rank)
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """Route each read to the lowest loading rank that holds its chunk."""
+        holders: dict[int, int] = {}
+        for rank, plan in enumerate(plans):
+            if plan.storage_data is not None:
+                holders.setdefault(plan.storage_data, rank)
+        sends: list[list[_Send]] = [[] for _ in plans]
+        sources: list[list[int]] = [[] for _ in plans]
+        for rank, plan in enumerate(plans):
+            for item in plan.items:
+                saver = self._where(item.storage_index).rank
+                src = holders.get(saver)
+                if src is None:
+                    raise NotHeldError(
+                        f"{item.storage_index.fqn}: its chunk was held by rank {saver} of the "
+                        "saving world, which is in no part of this one"
+                    )
+                sources[rank].append(src)
+                if src != rank:
+                    whole = item.type == LoadItemType.BYTE_IO
+                    sends[src].append(_Send(rank, item.storage_index, item.storage_offsets,
+                                            item.lengths, whole))  # fmt: skip
+        return [
+            replace(plan, storage_data=_Route(tuple(sources[r]), tuple(sends[r])))
+            for r, plan in enumerate(plans)
+        ]
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Send the slices others read from here, receive this rank's, one buffer per pair.
+        Every rank of the group is here at once (DCP calls it on all ranks between two
+        collectives), so the point-to-point messages meet."""
+        route = plan.storage_data
+        assert isinstance(route, _Route)
+        me = dist.get_rank(self._group)
+        outgoing = self._outgoing(route.sends)
+        incoming = self._incoming(plan.items, route.sources, me)
+        ops = [dist.P2POp(dist.isend, buf, group=self._group, group_peer=dst)
+               for dst, buf in outgoing.items()]  # fmt: skip
+        ops += [dist.P2POp(dist.irecv, buf, group=self._group, group_peer=src)
+                for src, buf in incoming.items()]  # fmt: skip
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        self.received_bytes = sum(b.numel() for b in incoming.values())
+        offsets = dict.fromkeys(incoming, 0)
+        for item, src in zip(plan.items, route.sources, strict=True):
+            if src == me:
+                data = self._slice(item.storage_index, item.storage_offsets, item.lengths,
+                                   whole=item.type == LoadItemType.BYTE_IO)  # fmt: skip
+            else:
+                size = self._read_size(item)
+                data = incoming[src][offsets[src] : offsets[src] + size]
+                offsets[src] += size
+            self._deliver(item, data, planner)
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return False
+
+    def _where(self, index: MetadataIndex) -> HeldChunk:
+        where = self._metadata.storage_data[index]
+        assert isinstance(where, HeldChunk)
+        return where
+
+    def _outgoing(self, sends: Iterable[_Send]) -> dict[int, torch.Tensor]:
+        """One byte buffer per destination: the slices it reads from here, in its order."""
+        pieces: dict[int, list[torch.Tensor]] = {}
+        for s in sends:
+            piece = self._slice(s.storage_index, s.storage_offsets, s.lengths, whole=s.whole)
+            pieces.setdefault(s.dst, []).append(piece)
+        return {dst: torch.cat(ps) for dst, ps in pieces.items()}
+
+    def _incoming(
+        self, items: list[ReadItem], sources: Iterable[int], me: int
+    ) -> dict[int, torch.Tensor]:
+        """One empty byte buffer per source, sized for the slices read from it."""
+        sizes: dict[int, int] = {}
+        for item, src in zip(items, sources, strict=True):
+            if src != me:
+                sizes[src] = sizes.get(src, 0) + self._read_size(item)
+        return {src: torch.empty(n, dtype=torch.uint8) for src, n in sizes.items()}
+
+    def _read_size(self, item: ReadItem) -> int:
+        if item.type == LoadItemType.BYTE_IO:
+            return self._where(item.storage_index).nbytes
+        meta = self._metadata.state_dict_metadata[item.storage_index.fqn]
+        assert isinstance(meta, TensorStorageMetadata)
+        itemsize = torch.empty((), dtype=meta.properties.dtype).element_size()
+        numel = 1
+        for n in item.lengths:
+            numel *= n
+        return numel * itemsize
+
+    def _slice(
+        self, index: MetadataIndex, offsets: torch.Size, lengths: torch.Size, *, whole: bool
+    ) -> torch.Tensor:
+        """A held chunk's bytes, or the slice of it at ``offsets`` of ``lengths``, flat."""
+        if self._held is None or index not in self._held.chunks:
+            raise NotHeldError(f"{index.fqn}: routed to rank {self._held_rank()}, which lacks it")
+        chunk = self._held.chunks[index]
+        if isinstance(chunk, bytes):
+            return torch.frombuffer(bytearray(chunk), dtype=torch.uint8)
+        assert not whole
+        piece = chunk
+        for dim, (start, length) in enumerate(zip(offsets, lengths, strict=True)):
+            piece = piece.narrow(dim, start, length)
+        return piece.contiguous().reshape(-1).view(torch.uint8)
+
+    def _held_rank(self) -> int | None:
+        return None if self._held is None else self._held.rank
+
+    def _deliver(self, item: ReadItem, data: torch.Tensor, planner: LoadPlanner) -> None:
+        if item.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(item, io.BytesIO(data.numpy().tobytes()))
+            return
+        target = planner.resolve_tensor(item).detach()
+        meta = self._metadata.state_dict_metadata[item.storage_index.fqn]
+        assert isinstance(meta, TensorStorageMetadata)
+        values = data.clone().view(meta.properties.dtype).reshape(tuple(item.lengths))
+        target.copy_(values)
+        planner.commit_tensor(item, target)
+
+
+def _nbytes(chunk: torch.Tensor | bytes) -> int:
+    return len(chunk) if isinstance(chunk, bytes) else chunk.numel() * chunk.element_size()
