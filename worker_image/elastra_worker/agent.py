@@ -44,7 +44,7 @@ from types import FrameType
 from typing import Any, Literal
 
 from . import exitcodes
-from .assignment import Assignment, AssignmentError, read_assignment_file
+from .assignment import Assignment, AssignmentError, read_assignment_file, session_env
 from .control import CONTROL_DIR_ENV, ControlDir
 from .cpushare import with_threads
 from .layout import CheckpointError, UnusableRootError
@@ -288,22 +288,12 @@ class Agent:
                 restart_count=self._worlds_started,
                 progress_file=self.control.progress_path(local_rank),
             )
-        env = dict(base)
-        env.update(
-            {
-                "RANK": str(a.rank + local_rank),
-                "LOCAL_RANK": str(local_rank),
-                "WORLD_SIZE": str(a.world_size),
-                "LOCAL_WORLD_SIZE": str(a.local_world_size),
-                "MASTER_ADDR": a.master_addr,
-                "MASTER_PORT": str(a.master_port),
-                "ELASTRA_WORLD_VERSION": str(a.world_version),
-                "ELASTRA_ASSIGNMENT_JSON": a.to_json(),
-                PARENT_PID_ENV: str(os.getpid()),
-                CONTROL_DIR_ENV: str(self.control.path),
-            }
-        )
-        return env
+        return {
+            **base,
+            **session_env(a, local_rank),
+            PARENT_PID_ENV: str(os.getpid()),
+            CONTROL_DIR_ENV: str(self.control.path),
+        }
 
     def _run_world(
         self, a: Assignment, carried: list[subprocess.Popen[bytes]] | None = None

@@ -71,7 +71,14 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from .assignment import Assignment, Consistency, ParallelPlan, Precision, RankCoord
+from .assignment import (
+    ASSIGNMENT_JSON_ENV,
+    Assignment,
+    Consistency,
+    ParallelPlan,
+    Precision,
+    RankCoord,
+)
 from .control import ControlDir
 from .errors import install_hook
 from .faults import Faults
@@ -84,7 +91,7 @@ from .session.gradients import clip_grad_norm
 from .session.loop import Decisions, Micro, StepBatch, StepLoop, StepParts
 from .session.model import ModelParts, Models, Optimizers, Parallelize, as_list, prepare_model
 from .session.state import SCALER_NAME, BeforeUpdate, Stateful
-from .session.world import ASSIGNMENT_JSON_ENV, STEP_LOG_ENV, World, arguments_from_env
+from .session.world import STEP_LOG_ENV, World, arguments_from_env
 from .stalls import StallWatch
 
 __all__ = [

@@ -56,6 +56,8 @@ DEFAULT_ASSIGNMENT_FILE = "/etc/elastra/assignment"
 ASSIGNMENT_FILE_ENV = "ELASTRA_ASSIGNMENT_FILE"
 PRECISION_ENV = "ELASTRA_PRECISION"
 """The job's precision for a script run without the assignment (torchrun mode sets it)."""
+ASSIGNMENT_JSON_ENV = "ELASTRA_ASSIGNMENT_JSON"
+"""The assignment itself, in the wire format (a Session trainer's; the agent sets it)."""
 POD_GPUS_ENV = "ELASTRA_POD_GPUS"
 """The pod's GPUs for a script run without the assignment (torchrun mode sets it)."""
 
@@ -218,6 +220,22 @@ class Assignment:
     def to_json(self) -> str:
         """Serialise back to the wire format (camelCase keys, no spaces: it rides in a pod)."""
         return json.dumps(to_wire(self), sort_keys=True, separators=(",", ":"))
+
+
+def session_env(a: Assignment, local_rank: int) -> dict[str, str]:
+    """The variables that place a Session trainer of the pod in world ``a``: set by the agent
+    when it starts one, and by the trainer itself when it enters the next world in its own
+    process (``session/rerun.py``)."""
+    return {
+        "RANK": str(a.rank + local_rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(a.world_size),
+        "LOCAL_WORLD_SIZE": str(a.local_world_size),
+        "MASTER_ADDR": a.master_addr,
+        "MASTER_PORT": str(a.master_port),
+        "ELASTRA_WORLD_VERSION": str(a.world_version),
+        ASSIGNMENT_JSON_ENV: a.to_json(),
+    }
 
 
 def plan_to_wire(plan: ParallelPlan) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..assignment import Assignment, assignment_from_env, parse_assignment
+from ..assignment import ASSIGNMENT_JSON_ENV, Assignment, assignment_from_env, parse_assignment
 from ..control import CONTROL_DIR_ENV, ControlDir
 from ..devices import GpuCheckError, trainer_device
 from ..errors import PermanentError
@@ -25,7 +25,6 @@ from ..mesh import Mesh, build_mesh, needs_mesh
 from ..precision import apply_tf32
 from ..stalls import StallWatch
 
-ASSIGNMENT_JSON_ENV = "ELASTRA_ASSIGNMENT_JSON"
 STEP_LOG_ENV = "ELASTRA_STEP_LOG"
 
 
