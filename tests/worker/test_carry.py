@@ -51,6 +51,8 @@ class Case:
 
 SHRUNK = "rank 0 resumed step 10 from memory"
 GROWN = "rank 1 resumed step 10 from peers (rank 0"
+RERUN = "rank 0 runs its script again for world v2:"
+RESHARDED = "resumed step 10 resharded from the members' memory"
 REBUILT = "rank 0 rebuilt its DDP module over world v2"
 """Only a DDP module is rebuilt: a bare one (``ELASTRA_CPU_DDP`` ignored) would not say it."""
 
@@ -60,9 +62,17 @@ CASES = [
     Case("plan change", f"2:0,2:{RESIZE_AT}:mb=1", "memory",  # micro-batches of 1, not 2
          ("rank 0 resumed step 10 from memory into a world of 2",), micro_batch_after=1),
     # what cannot move in memory restarts through the checkpoint, saying why
-    Case("sharded", f"2:0,2:{RESIZE_AT}:sharding=full", "storage",
-         ("restarts for world v2: the next world's plan dp2tp1pp1 (sharding full) is tensor, "
-          "pipeline or sharded",)),
+    # a plan bound to its mesh: the script runs again in its process and the state comes,
+    # resharded, from the members' memory; a member that left took its part: from storage
+    Case("sharded grow", f"1:0:sharding=full,2:{RESIZE_AT}:sharding=full", "memory",
+         (f"{RERUN} this world's plan dp1tp1pp1 (sharding full)", f"rank 1 {RESHARDED}")),
+    Case("sharded plan change", f"2:0:sharding=full,2:{RESIZE_AT}", "memory",
+         (f"{RERUN} this world's plan dp2tp1pp1 (sharding full)", f"rank 0 {RESHARDED}")),
+    Case("sharded shrink", f"2:0:sharding=full,1:{RESIZE_AT}:sharding=full", "storage",
+         (RERUN, "rank 0: the members do not hold all of step 10")),
+    # a world that ends at its stop step keeps nothing unless its own plan needs the script
+    Case("to sharded", f"2:0,2:{RESIZE_AT}:sharding=full", "storage",
+         ("restarts for world v2: the next world's plan dp2tp1pp1 (sharding full) is tensor",)),
     Case("recompute", f"2:0,2:{RESIZE_AT}:recompute=full", "storage",
          ("restarts for world v2: the plan's recompute changes from none to full",)),
     # DDP, as GPU jobs run it (here on gloo): rebuilt over the new world in place

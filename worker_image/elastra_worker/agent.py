@@ -165,17 +165,17 @@ class Agent:
         self._standbys = [p for p in self._standbys if p.poll() is None]
         if self._warm_argv is None or self._standbys:
             return
+        self._standbys = [self._new_standby() for _ in range(count)]
+
+    def _new_standby(self) -> subprocess.Popen[bytes]:
         env = dict(self.config.env)
         env[PARENT_PID_ENV] = str(os.getpid())
-        self._standbys = [
-            subprocess.Popen(
-                [sys.executable, "-m", "elastra_worker.standby"],
-                stdin=subprocess.PIPE,
-                env=env,
-                start_new_session=True,
-            )
-            for _ in range(count)
-        ]
+        return subprocess.Popen(
+            [sys.executable, "-m", "elastra_worker.standby"],
+            stdin=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
 
     def _drop_standbys(self) -> None:
         for p in self._standbys:
@@ -185,6 +185,12 @@ class Agent:
         self._standbys = []
 
     def _start_trainer(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """A trainer for ``env``: through a standby where the command runs warm (one started
+        now where none is ready, as in the first world: its script can then run again in the
+        next world, ``session/rerun.py``), else the command itself."""
+        self._standbys = [p for p in self._standbys if p.poll() is None]
+        if self._warm_argv is not None and not self._standbys:
+            self._standbys.append(self._new_standby())
         while self._standbys and self._warm_argv is not None:
             standby = self._standbys.pop(0)
             if standby.poll() is not None or standby.stdin is None:

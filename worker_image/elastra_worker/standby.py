@@ -12,6 +12,7 @@ Only commands that run a script or module with the agent's own interpreter are w
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -21,8 +22,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .assignment import session_env
 from .cpushare import requested_threads
 from .lifeline import arm_from_env
+from .session.rerun import RERUN_ENV, WorldMoved
 from .torchrun import check_pod_gpus
 
 PRELOAD = (
@@ -56,7 +59,8 @@ def _preload() -> None:
 
 
 def main() -> None:
-    """Preload, wait for one JSON line ``{"env": {...}, "argv": [...]}``, run the script."""
+    """Preload, wait for one JSON line ``{"env": {...}, "argv": [...]}``, run the script:
+    again, in the next world, each time it ends by moving there (``session/rerun.py``)."""
     arm_from_env()
     _preload()
     line = sys.stdin.readline()
@@ -71,6 +75,19 @@ def main() -> None:
     check_pod_gpus(os.environ)  # torchrun mode's check (a Session checks for itself)
     argv: list[str] = order["argv"]
     sys.stdin.close()
+    os.environ[RERUN_ENV] = "1"
+    while True:
+        try:
+            _run(argv)
+            return
+        except WorldMoved as moved:  # the script runs again, in the next world
+            os.environ.update(session_env(moved.assignment, moved.local_rank))
+            del moved  # its traceback holds the old run's frames: the old model
+            gc.collect()
+
+
+def _run(argv: list[str]) -> None:
+    """Run the script or module as ``python ARGV`` would."""
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]
         sys.path[0] = os.getcwd()

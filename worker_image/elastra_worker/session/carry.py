@@ -25,8 +25,9 @@ import time
 from typing import TYPE_CHECKING
 
 from ..assignment import Assignment, AssignmentError, parse_assignment
-from ..control import TrainerStatus
+from ..control import ControlDir, TrainerStatus
 from ..mesh import needs_mesh
+from . import kept, rerun
 from .data import DataPosition
 from .model import ModelParts, rebind, rebindable
 from .world import World
@@ -40,20 +41,63 @@ KEPT_SETTINGS = ("job", "seed", "global_batch_size", "consistency", "precision")
 """Assignment fields a world change in memory must keep (the order, the numerics, the job)."""
 
 
+def why_not_kept(old: Assignment, new: Assignment) -> str | None:
+    """Why this trainer's process cannot go on into ``new`` at all (its pod leaves, its job's
+    settings change), or ``None``."""
+    if new.stop or new.waiting:
+        return "this pod is in no next world"
+    if new.local_world_size != old.local_world_size:
+        return f"the pod's trainers change from {old.local_world_size} to {new.local_world_size}"
+    changed = [f for f in KEPT_SETTINGS if getattr(old, f) != getattr(new, f)]
+    if old.checkpoint.path != new.checkpoint.path or old.checkpoint.uri != new.checkpoint.uri:
+        changed.append("checkpoint")
+    if changed:
+        return f"the next world changes {', '.join(changed)}"
+    return None
+
+
+def needs_rerun(old: Assignment, new: Assignment) -> bool:
+    """Whether entering ``new`` from ``old`` takes the script run again (``rerun.py``): one of
+    the plans binds the model to its mesh, and this process can run the script again."""
+    return (
+        (needs_mesh(old.plan) or needs_mesh(new.plan))
+        and why_not_kept(old, new) is None
+        and rerun.can_rerun()
+    )
+
+
+def may_rerun(world: World, control: ControlDir | None, *, asked: bool, at_stop_step: bool) -> bool:
+    """Whether this trainer may enter the next world by running its script again, so every
+    member should keep its part of the state in memory at this stop (it votes so): asked to
+    stop with the next world offered, one it enters that way; or at the world's own stop step
+    (the next world is not known yet: the agent offers it once the trainers park) when this
+    world's plan binds the model to its mesh, as any next world then needs the script."""
+    if control is None or not rerun.can_rerun():
+        return False
+    if at_stop_step and needs_mesh(world.assignment.plan):
+        return True
+    if not asked:
+        return False
+    try:
+        new = offered_after(world, control.next_assignment())
+    except AssignmentError:
+        return False
+    return new is not None and needs_rerun(world.assignment, new)
+
+
 def why_not_carried(
     world: World, parts: ModelParts, data: DataPosition, new: Assignment
 ) -> str | None:
     """Why this trainer cannot move to ``new`` in its own process, or ``None`` if it can."""
     old = world.assignment
-    if new.stop or new.waiting:
-        return "this pod is in no next world"
-    if new.local_world_size != old.local_world_size:
-        return f"the pod's trainers change from {old.local_world_size} to {new.local_world_size}"
+    kept = why_not_kept(old, new)
+    if kept is not None:
+        return kept
     for which, plan in (("this", old.plan), ("the next", new.plan)):
         if needs_mesh(plan):
             return (
                 f"{which} world's plan {plan.label} (sharding {plan.sharding}) is tensor, "
-                "pipeline or sharded data parallel: its state is resharded through the checkpoint"
+                "pipeline or sharded data parallel: its modules are built for that world's mesh"
             )
     if old.plan.recompute != new.plan.recompute:  # applied to the blocks by prepare()
         return f"the plan's recompute changes from {old.plan.recompute} to {new.plan.recompute}"
@@ -64,16 +108,28 @@ def why_not_carried(
         )
     if data.sliced:
         return "the script reads through sampler()/loader(), whose rank slice is fixed"
-    changed = [f for f in KEPT_SETTINGS if getattr(old, f) != getattr(new, f)]
-    if old.checkpoint.path != new.checkpoint.path or old.checkpoint.uri != new.checkpoint.uri:
-        changed.append("checkpoint")
-    if changed:
-        return f"the next world changes {', '.join(changed)}"
     return None
 
 
 PARK_POLL_S = 0.05
 """How often a parked trainer looks for the agent's offer or stop (two ``stat`` calls)."""
+
+
+def _report_continued(world: World, uses: StepParts, new: Assignment) -> None:
+    """Tell the agent this trainer goes on into ``new`` (before the rendezvous, which may
+    wait for new pods), once its background save is done."""
+    checkpoints = uses.checkpoints
+    checkpoints.wait()
+    if uses.control is not None:
+        uses.control.write_status(
+            world.local_rank,
+            TrainerStatus(
+                state="continued",
+                step=uses.data.step,
+                checkpoint_step=checkpoints.last_committed_step,
+                world_version=new.world_version,
+            ),
+        )
 
 
 def next_world(world: World, uses: StepParts) -> Assignment | None:
@@ -130,28 +186,22 @@ def move_to_next_world(world: World, parts: ModelParts, uses: StepParts) -> bool
     if new is None:
         return False
     why = why_not_carried(world, parts, uses.data, new)
+    if why is not None and needs_rerun(world.assignment, new) and kept.holding():
+        _report_continued(world, uses, new)
+        log.info("rank %d runs its script again for world v%d: %s", world.rank,
+                 new.world_version, why)  # fmt: skip
+        raise rerun.WorldMoved(new, world.local_rank)
     if why is not None:
         log.info("rank %d restarts for world v%d: %s", world.rank, new.world_version, why)
         return False
     old_version, old_rank = world.assignment.world_version, world.rank
-    checkpoints = uses.checkpoints
-    checkpoints.wait()
-    if uses.control is not None:  # before the rendezvous, which may wait for new pods
-        uses.control.write_status(
-            world.local_rank,
-            TrainerStatus(
-                state="continued",
-                step=uses.data.step,
-                checkpoint_step=checkpoints.last_committed_step,
-                world_version=new.world_version,
-            ),
-        )
+    _report_continued(world, uses, new)
     # The collectives in the order a joiner's script makes them: its Session opens the
     # checkpoints, prepare() builds DDP, restore() agrees on the state's source.
     world.rejoin(new)
-    checkpoints.open()
+    uses.checkpoints.open()
     rebind(world, parts)
-    checkpoints.share_with_joiners()
+    uses.checkpoints.share_with_joiners()
     uses.recorder.clock.moved(new.world_version)
     log.info(
         "rank %d resumed step %d from memory into a world of %d (world v%d, plan %s; rank %d "

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -23,16 +25,19 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.tensor import DTensor
 
 from ..checkpoint import Checkpointer
-from ..downtime import FROM_PEERS, ResizeClock
+from ..downtime import FROM_MEMORY, FROM_PEERS, ResizeClock
 from ..errors import PermanentError, RetryableError
 from ..faults import Faults
 from ..layout import CheckpointError, CheckpointRoot, CheckpointStore, Manifest, UnusableRootError
 from ..objectstore import ObjectCheckpointRoot
+from . import kept
 from .data import DataPosition
 from .model import ModelParts
+from .peerdcp import HeldState, PeerReader, save_in_memory
 from .peers import NOTHING_HELD, Transfer, agree_source, share_state
 from .state import ExtraState, Settings
 from .world import World
@@ -160,9 +165,13 @@ class CheckpointManager:
         this world that holds it in memory (a survivor of the resize) if any, else from the
         newest good checkpoint; its manifest, or ``None`` (everything left untouched) when the
         job has none yet. Collective: the survivors meet it in ``share_with_joiners``."""
-        holders = agree_source(NOTHING_HELD, group=self._world.group)
+        handoff = kept.take()  # what this process held in its previous world, if anything
+        held_step = NOTHING_HELD if handoff is None else handoff.manifest.step
+        holders = agree_source(held_step, group=self._world.group)
         if holders.source is not None:
-            return self._receive(holders.source)
+            found = self._receive(holders.source, handoff)
+            if found is not None:
+                return found
         ckpt = self.checkpointer
         manifest = ckpt.find_loadable()
         if manifest is not None:
@@ -197,35 +206,55 @@ class CheckpointManager:
     def _transfer(
         self, src: int, held: Manifest | None, state: dict[str, Any]
     ) -> tuple[Manifest, dict[str, Any], dict[str, Any], Transfer]:
-        """Send (rank ``src``) or receive in place the tensors of ``state`` (``_state``'s);
-        every rank gets the source's manifest, non-tensor optimizer entries and replicated
-        blobs (registered objects, user state)."""
-        tensors = {f"{kind}/{k}": v for kind in ("model", "optim")
-                   for k, v in state[kind].items() if isinstance(v, torch.Tensor)}  # fmt: skip
-        box: list[Any] = [None]
+        """A survivor's side of a live transfer: rank ``src`` sends the tensors of ``state``
+        (``_state``'s) with its manifest, non-tensor optimizer entries and replicated blobs
+        (registered objects, user state); the others receive them in place."""
+        tensors = _tensors(state)
         if self._world.rank == src:
             plain = {k: v for k, v in state["optim"].items() if not isinstance(v, torch.Tensor)}
-            box = [(held, plain, self._extra.replicated())]
-        dist.broadcast_object_list(box, src=src, group=self._world.group)
+            self._announce(src, (_LIVE, held, plain, self._extra.replicated()))
+            box: tuple[Any, ...] = (_LIVE, held, plain, None)
+        else:
+            box = self._announce(src, None)
+        return self._share_live(src, box, tensors)
+
+    def _share_live(
+        self, src: int, box: tuple[Any, ...], tensors: dict[str, torch.Tensor]
+    ) -> tuple[Manifest, dict[str, Any], dict[str, Any], Transfer]:
         moved = share_state(tensors, src=src, group=self._world.group)
         if self._world.rank != src:  # what this rank loaded from a peer (progress, metrics)
             self._peer_transfer = moved
-        manifest, plain, replicated = box[0]
+        _, manifest, plain, replicated = box
         return manifest, plain, replicated, moved
 
-    def _receive(self, src: int) -> Manifest:
-        """A joiner: take the state from rank ``src``, which holds it in memory; nothing of
-        the checkpoint root is read."""
+    def _announce(self, src: int, box: tuple[Any, ...] | None) -> tuple[Any, ...]:
+        """Rank ``src`` tells every member how it holds the state (``_LIVE``: in its model,
+        sent as it is; ``_KEPT``: kept in memory by the previous run of the script, loaded
+        resharded) and what comes with it."""
+        boxes: list[Any] = [box]
+        dist.broadcast_object_list(boxes, src=src, group=self._world.group)
+        got = boxes[0]
+        assert isinstance(got, tuple)
+        return got
+
+    def _receive(self, src: int, handoff: kept.Handoff | None) -> Manifest | None:
+        """A member without the state in its model: take it from the members that hold it in
+        memory, ``src`` the lowest; nothing of the checkpoint root is read. ``None`` where they
+        cannot give all of it (a member that held a part left): restore from storage."""
+        if self._world.rank == src and handoff is not None:
+            box = self._announce(src, (_KEPT, handoff.manifest, handoff.held.metadata))
+        else:
+            box = self._announce(src, None)
+        if box[0] == _KEPT:
+            held = None if handoff is None else handoff.held
+            return self._load_kept(box[1], box[2], held)
         state, keys = self._state()
-        manifest, plain, replicated, moved = self._transfer(src, None, state)
+        manifest, plain, replicated, moved = self._share_live(src, box, _tensors(state))
         state["optim"].update(plain)
         self._extra.load(replicated, manifest)
         self._apply(state, keys)
         self._clock.restored(manifest.world_version, manifest.extra, state_from=FROM_PEERS)
-        ckpt = self.checkpointer  # the survivors committed this step at the stop: kept by prune
-        ckpt.last_committed_step = ckpt.restored_step = manifest.step
-        ckpt.verified.add(manifest.step)
-        self.held = manifest
+        self._adopt_committed(manifest)
         w = self._world
         log.info(
             "rank %d resumed step %d from peers (rank %d sent %.1f MB in %.2fs) into a world of "
@@ -234,6 +263,45 @@ class CheckpointManager:
             moved.seconds, w.world_size, w.plan.label,
         )  # fmt: skip
         return manifest
+
+    def _load_kept(
+        self, manifest: Manifest, metadata: Metadata, held: HeldState | None
+    ) -> Manifest | None:
+        """Load the state the members kept in memory at the previous world's stop, resharded
+        by DCP to this world's plan, each piece from a member that holds it (``peerdcp``);
+        ``None`` (nothing loaded) where a part of it left with a member."""
+        state, keys = self._state()
+        extra = self._extra.to_load(set(metadata.state_dict_metadata))
+        state.update(extra)
+        reader = PeerReader(held, metadata, self._world.group)
+        start = time.perf_counter()
+        try:
+            dcp_load(state, storage_reader=reader, process_group=self._world.group)
+        except CheckpointException as err:
+            log.info("rank %d: the members do not hold all of step %d (%s): from storage",
+                     self._world.rank, manifest.step, _first_line(err))  # fmt: skip
+            return None
+        self._peer_transfer = Transfer(reader.received_bytes, time.perf_counter() - start)
+        self._extra.load({k: state[k] for k in extra}, manifest)
+        self._apply(state, keys)
+        came = FROM_MEMORY if held is not None else FROM_PEERS
+        self._clock.restored(manifest.world_version, manifest.extra, state_from=came)
+        self._adopt_committed(manifest)
+        w = self._world
+        log.info(
+            "rank %d resumed step %d resharded from the members' memory (%.1f MB from peers in "
+            "%.2fs) into a world of %d (plan %s; plan %s before)",
+            w.rank, manifest.step, reader.received_bytes / 1e6, self._peer_transfer.seconds,
+            w.world_size, w.plan.label, manifest.extra.get("plan", "?"),
+        )  # fmt: skip
+        return manifest
+
+    def _adopt_committed(self, manifest: Manifest) -> None:
+        """A step taken from peers: the survivors committed it at the stop (kept by prune)."""
+        ckpt = self.checkpointer
+        ckpt.last_committed_step = ckpt.restored_step = manifest.step
+        ckpt.verified.add(manifest.step)
+        self.held = manifest
 
     def _state(self) -> tuple[dict[str, Any], list[tuple[set[str], set[str]]]]:
         """The DCP state of every part, merged under parameter names, and each part's keys."""
@@ -285,21 +353,9 @@ class CheckpointManager:
         step = self._data.step
         if ckpt.last_committed_step == step:
             return
-        if not self._parts.parts or not self._parts.optimizers:
-            raise RuntimeError("call session.restore(model, optimizer) before checkpointing")
-        state, _ = self._state()
-        state.update(self._extra.to_save())
-        state["data"] = {"step": step}
-        extra = {
-            **self._data.manifest_extra(),
-            "consistency": self._world.consistency,
-            "plan": self._world.plan.label,
-            **self._clock.manifest_extra(),
-        }
-        w = self._world
-        self.held = Manifest(w.assignment.job, step, w.world_size, w.assignment.world_version,
-                             {}, extra)  # fmt: skip
-        rank = w.rank
+        state, self.held = self._snapshot()
+        extra = dict(self.held.extra)
+        rank = self._world.rank
         t1 = time.perf_counter()
         if not wait and self._settings.async_checkpoint and self._async_group is not None:
             ckpt.save_async(state, step=step, extra=extra, group=self._async_group)
@@ -322,6 +378,35 @@ class CheckpointManager:
             )
         self.last_save_time = time.monotonic()
 
+    def keep_in_memory(self) -> kept.Handoff:
+        """This rank's part of the current step's whole state, copied to host memory, for
+        the next run of the script in this process (``rerun.py``). Collective: at a stop,
+        every member keeps its part, so the next world finds each piece at a member."""
+        state, manifest = self._snapshot()
+        start = time.perf_counter()
+        held = save_in_memory(state, group=self._world.group)
+        log.info("rank %d kept step %d in memory (%.1f MB in %.2fs)", self._world.rank,
+                 manifest.step, held.nbytes / 1e6, time.perf_counter() - start)  # fmt: skip
+        return kept.Handoff(held, manifest)
+
+    def _snapshot(self) -> tuple[dict[str, Any], Manifest]:
+        """The state to save at the current step (model, optimizer, blobs, data position)
+        and its manifest (no files yet)."""
+        if not self._parts.parts or not self._parts.optimizers:
+            raise RuntimeError("call session.restore(model, optimizer) before checkpointing")
+        step = self._data.step
+        state, _ = self._state()
+        state.update(self._extra.to_save())
+        state["data"] = {"step": step}
+        extra = {
+            **self._data.manifest_extra(),
+            "consistency": self._world.consistency,
+            "plan": self._world.plan.label,
+            **self._clock.manifest_extra(),
+        }
+        a = self._world.assignment
+        return state, Manifest(a.job, step, self._world.world_size, a.world_version, {}, extra)
+
     def _wait_for_previous(self) -> None:
         """One save at a time, in step order: finish the one in flight (warn if it was slow)."""
         t0 = time.perf_counter()
@@ -335,6 +420,21 @@ class CheckpointManager:
                 waited,
                 previous.step,
             )
+
+
+_LIVE = "live"
+_KEPT = "kept"
+
+
+def _tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The model's and optimizer's tensors of ``_state``, under one name space."""
+    return {f"{kind}/{k}": v for kind in ("model", "optim")
+            for k, v in state[kind].items() if isinstance(v, torch.Tensor)}  # fmt: skip
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [ln for ln in str(err).splitlines() if ln.strip()]
+    return lines[-1] if lines else type(err).__name__
 
 
 def _tensor_bytes(state: dict[str, Any]) -> int:

@@ -28,7 +28,8 @@ from ..control import ControlDir, TrainerStatus
 from ..dataorder import Share
 from ..faults import Faults
 from ..stalls import StallWatch
-from .carry import move_to_next_world
+from . import kept
+from .carry import may_rerun, move_to_next_world
 from .checkpoints import CheckpointManager
 from .data import DataPosition
 from .gradients import ShareChain, loss_weight, reduce_gradients
@@ -47,6 +48,9 @@ class Decisions:
     stop: bool
     done: bool
     checkpoint: bool
+    keep: bool = False
+    """Every member keeps its part of the state in memory at this stop: a member offered the
+    next world will run its script again to enter it (``rerun.py``)."""
 
 
 class Micro:
@@ -236,6 +240,8 @@ class StepLoop:
             return
         if decisions.checkpoint:
             self.uses.checkpoints.save(wait=decisions.stop)
+        if decisions.keep:
+            kept.keep(self.uses.checkpoints.keep_in_memory())
         self.uses.recorder.report_progress(
             step=self.uses.data.step,
             loss=decisions.loss,
@@ -305,17 +311,21 @@ class StepLoop:
             and interval > 0
             and time.monotonic() - ckpt.last_save_time >= interval
         )
+        at_stop_step = a.stop_at_step is not None and step >= a.stop_at_step
+        rerun_next = may_rerun(self.world, control, asked=asked, at_stop_step=at_stop_step)
         votes = torch.tensor(
-            [float(self._loss_sum), 1.0 if local_stop else 0.0, 1.0 if due else 0.0],
+            [float(self._loss_sum), 1.0 if local_stop else 0.0, 1.0 if due else 0.0,
+             1.0 if rerun_next else 0.0],
             dtype=torch.float64,
-        )
+        )  # fmt: skip
         dist.all_reduce(votes, group=self.world.group)
         done = self._total is not None and step >= self._total
-        stop = bool(votes[1] > 0) or done or (a.stop_at_step is not None and step >= a.stop_at_step)
+        stop = bool(votes[1] > 0) or done or at_stop_step
         every = a.checkpoint.interval_steps
         return Decisions(
             loss=float(votes[0]) if known_loss is None else known_loss,
             stop=stop,
             done=done,
             checkpoint=stop or bool(votes[2] > 0) or (every > 0 and step % every == 0),
+            keep=stop and not done and bool(votes[3] > 0),
         )
