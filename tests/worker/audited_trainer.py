@@ -1,4 +1,4 @@
-"""The example GPT with a record of every file it opens for reading under a folder.
+"""The example GPT (or the module ``$AUDIT_MODULE``) recording each file it reads under a folder.
 
 Why: "no read of the checkpoint volume" must be observed, not inferred from what the trainer
 says of itself. A Python audit hook sees every ``open`` the process makes (builtin ``open``,
@@ -38,6 +38,11 @@ def main() -> None:
     root = os.path.abspath(os.environ["AUDIT_ROOT"])
     fd = os.open(os.environ["AUDIT_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     sys.addaudithook(_reads(root, fd))
+    module = os.environ.get("AUDIT_MODULE")  # another trainer than the example, by module
+    if module:
+        sys.argv = [module, *sys.argv[1:]]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return
     sys.argv = [str(EXAMPLE), *sys.argv[1:]]
     runpy.run_path(str(EXAMPLE), run_name="__main__")
 

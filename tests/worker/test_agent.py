@@ -343,7 +343,8 @@ STARTUP_TRAINER = textwrap.dedent(
     version = os.environ["ELASTRA_WORLD_VERSION"]
     starts = control.parent / "starts.jsonl"
     with starts.open("a") as f:
-        f.write(json.dumps({"version": int(version), "warm": "torch" in sys.modules}) + "\\n")
+        record = {"version": int(version), "warm": "torch" in sys.modules, "pid": os.getpid()}
+        f.write(json.dumps(record) + "\\n")
     deadline = time.monotonic() + 60
     while not (control / "stop").exists() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -351,8 +352,27 @@ STARTUP_TRAINER = textwrap.dedent(
 )
 
 
+def standbys_of(agent: int) -> set[int]:
+    """The agent's child processes that run ``elastra_worker.standby`` (waiting or running)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == agent and b"elastra_worker.standby" in cmdline:
+            found.add(int(entry.name))
+    return found
+
+
 def test_a_resize_before_the_first_step_starts_warm(tmp_path: Path) -> None:
-    """The next world's standbys start with a world's trainers, not after its first step."""
+    """The next world's standbys start with a world's trainers, not after its first step; the
+    first world's trainer runs in a standby too (started then), so its script could run again
+    in the next world (``session/rerun.py``)."""
     script = tmp_path / "train.py"
     script.write_text(STARTUP_TRAINER)
     port = free_port()
@@ -361,10 +381,14 @@ def test_a_resize_before_the_first_step_starts_warm(tmp_path: Path) -> None:
     starts = tmp_path / "starts.jsonl"
     try:
         wait_for(starts.exists, 60, "the first trainer to start")
+        first = json.loads(starts.read_text().splitlines()[0])
+        assert first["pid"] in standbys_of(proc.pid)
+        # before any step (the trainer reports none): a standby waits beside the trainer
+        wait_for(lambda: standbys_of(proc.pid) - {first["pid"]}, 60, "a waiting standby")
         write(tmp_path, assignment(2, port=port))
         wait_for(lambda: len(starts.read_text().splitlines()) == 2, 60, "world 2's trainer")
         records = [json.loads(line) for line in starts.read_text().splitlines()]
-        assert records == [{"version": 1, "warm": False}, {"version": 2, "warm": True}]
+        assert [(r["version"], r["warm"]) for r in records] == [(1, True), (2, True)]
         write(tmp_path, assignment(3, stop=True))
         assert proc.wait(timeout=60) == exitcodes.OK
     finally:

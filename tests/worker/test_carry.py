@@ -11,6 +11,7 @@ trainer (``audited_trainer.py``), open no file of a committed checkpoint for rea
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -47,6 +48,9 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     micro_batch_after: int = 2
     """The micro-batch size the second world's records say it trained with."""
+    llama: bool = False
+    """Train the reference trainer's Llama (``elastra_worker.train``), which has a tensor
+    parallel layout and pipeline stages, instead of the example GPT."""
 
 
 SHRUNK = "rank 0 resumed step 10 from memory"
@@ -68,6 +72,12 @@ CASES = [
          (f"{RERUN} this world's plan dp1tp1pp1 (sharding full)", f"rank 1 {RESHARDED}")),
     Case("sharded plan change", f"2:0:sharding=full,2:{RESIZE_AT}", "memory",
          (f"{RERUN} this world's plan dp2tp1pp1 (sharding full)", f"rank 0 {RESHARDED}")),
+    Case("tensor to pipeline", f"2:0:tp=2,2:{RESIZE_AT}:pp=2", "memory",
+         (f"{RERUN} this world's plan dp1tp2pp1 (sharding none)", f"rank 0 {RESHARDED}"),
+         llama=True),
+    Case("pipeline grow", f"2:0:pp=2,4:{RESIZE_AT}:pp=2", "memory",
+         (f"{RERUN} this world's plan dp1tp1pp2 (sharding none)", f"rank 3 {RESHARDED}"),
+         llama=True),
     Case("sharded shrink", f"2:0:sharding=full,1:{RESIZE_AT}:sharding=full", "storage",
          (RERUN, "rank 0: the members do not hold all of step 10")),
     # a world that ends at its stop step keeps nothing unless its own plan needs the script
@@ -83,19 +93,29 @@ CASES = [
 ]  # fmt: skip
 
 
-def run(
-    tmp: Path, schedule: str, *, in_memory: bool, env: dict[str, str]
-) -> tuple[LocalRun, list[str]]:
-    """The schedule under the audited trainer; the run and the checkpoint state files its
-    trainers opened for reading."""
+LLAMA = {"layers": 4, "hiddenSize": 32, "ffnHiddenSize": 64, "attentionHeads": 4, "kvHeads": 2,
+         "vocabSize": 97, "sequenceLength": 16}  # fmt: skip
+
+
+def run(tmp: Path, case: Case, *, in_memory: bool) -> tuple[LocalRun, list[str]]:
+    """The case's schedule under the audited trainer; the run and the checkpoint state files
+    its trainers opened for reading."""
+    tmp.mkdir(parents=True)
     audit = tmp / "reads.log"
     ckpt = tmp / "ckpt"
+    trainer = [str(AUDITED), "--dataset-size", "500"]
+    env = dict(case.env)
+    if case.llama:
+        model = tmp / "model.yaml"
+        model.write_text(json.dumps(LLAMA))  # YAML reads JSON
+        trainer += ["--model", str(model)]
+        env["AUDIT_MODULE"] = "elastra_worker.train"
     result = run_local(
         tmp,
-        schedule,
+        case.schedule,
         consistency="data",
         checkpoint_dir=ckpt,
-        trainer=[str(AUDITED), "--dataset-size", "500"],
+        trainer=trainer,
         env={
             IN_MEMORY_RESIZE_ENV: "1" if in_memory else "0",
             "AUDIT_ROOT": str(ckpt),
@@ -103,6 +123,7 @@ def run(
             "PYTHONPATH": str(AUDITED.parent),
             **env,
         },
+        timeout=600,
     )
     assert result.returncode == 0, result.output[-3000:]
     reads = audit.read_text().splitlines() if audit.exists() else []
@@ -116,8 +137,8 @@ def run(
 def test_a_resize_in_memory_trains_what_the_volume_path_trains(
     tmp_path: Path, static_run: LocalRun, case: Case
 ) -> None:
-    memory, memory_reads = run(tmp_path / "memory", case.schedule, in_memory=True, env=case.env)
-    volume, volume_reads = run(tmp_path / "volume", case.schedule, in_memory=False, env=case.env)
+    memory, memory_reads = run(tmp_path / "memory", case, in_memory=True)
+    volume, volume_reads = run(tmp_path / "volume", case, in_memory=False)
     want = static_run.by_step()
     for path in (memory, volume):
         assert [r["step"] for r in path.records] == list(range(STEPS)), path.output[-3000:]

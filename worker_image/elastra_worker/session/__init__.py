@@ -10,4 +10,8 @@ split theirs; ``Session`` is the facade a training script uses and holds no logi
 - ``scaling.py``: precision in the step: autocast, the GradScaler, the optimizer update
 - ``loop.py``: the step loop: batches, micro-batches, the per-step agreement of all ranks
 - ``records.py``: the step log, progress for the agent, the parameter hash
+- ``carry.py``: a survivor of a resize into the next world in its own process, state in memory
+- ``peers.py``: a live model's state sent from one member to the others (a joiner)
+- ``peerdcp.py``: DCP storage in the members' memory, loaded resharded from the members
+- ``rerun.py``, ``kept.py``: the script run again for the next world, and what it keeps for it
 """
