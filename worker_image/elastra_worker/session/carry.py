@@ -90,9 +90,9 @@ def why_not_carried(
 ) -> str | None:
     """Why this trainer cannot move to ``new`` in its own process, or ``None`` if it can."""
     old = world.assignment
-    kept = why_not_kept(old, new)
-    if kept is not None:
-        return kept
+    blocked = why_not_kept(old, new)
+    if blocked is not None:
+        return blocked
     for which, plan in (("this", old.plan), ("the next", new.plan)):
         if needs_mesh(plan):
             return (
