@@ -188,8 +188,7 @@ class Agent:
         """A trainer for ``env``: through a standby where the command runs warm (one started
         now where none is ready, as in the first world: its script can then run again in the
         next world, ``session/rerun.py``), else the command itself."""
-        self._standbys = [p for p in self._standbys if p.poll() is None]
-        if self._warm_argv is not None and not self._standbys:
+        if self._warm_argv is not None and not any(p.poll() is None for p in self._standbys):
             self._standbys.append(self._new_standby())
         while self._standbys and self._warm_argv is not None:
             standby = self._standbys.pop(0)

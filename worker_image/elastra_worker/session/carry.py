@@ -72,10 +72,10 @@ def may_rerun(world: World, control: ControlDir | None, *, asked: bool, at_stop_
     stop with the next world offered, one it enters that way; or at the world's own stop step
     (the next world is not known yet: the agent offers it once the trainers park) when this
     world's plan binds the model to its mesh, as any next world then needs the script."""
-    if control is None or not rerun.can_rerun():
+    if control is None:
         return False
     if at_stop_step and needs_mesh(world.assignment.plan):
-        return True
+        return rerun.can_rerun()
     if not asked:
         return False
     try:

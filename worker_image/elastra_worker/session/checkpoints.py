@@ -253,8 +253,7 @@ class CheckpointManager:
         state["optim"].update(plain)
         self._extra.load(replicated, manifest)
         self._apply(state, keys)
-        self._clock.restored(manifest.world_version, manifest.extra, state_from=FROM_PEERS)
-        self._adopt_committed(manifest)
+        self._adopt_committed(manifest, state_from=FROM_PEERS)
         w = self._world
         log.info(
             "rank %d resumed step %d from peers (rank %d sent %.1f MB in %.2fs) into a world of "
@@ -284,9 +283,7 @@ class CheckpointManager:
         self._peer_transfer = Transfer(reader.received_bytes, time.perf_counter() - start)
         self._extra.load({k: state[k] for k in extra}, manifest)
         self._apply(state, keys)
-        came = FROM_MEMORY if held is not None else FROM_PEERS
-        self._clock.restored(manifest.world_version, manifest.extra, state_from=came)
-        self._adopt_committed(manifest)
+        self._adopt_committed(manifest, state_from=FROM_MEMORY if held is not None else FROM_PEERS)
         w = self._world
         log.info(
             "rank %d resumed step %d resharded from the members' memory (%.1f MB from peers in "
@@ -296,8 +293,10 @@ class CheckpointManager:
         )  # fmt: skip
         return manifest
 
-    def _adopt_committed(self, manifest: Manifest) -> None:
-        """A step taken from peers: the survivors committed it at the stop (kept by prune)."""
+    def _adopt_committed(self, manifest: Manifest, *, state_from: str) -> None:
+        """A step taken from peers: timed for the resize's downtime; the survivors committed
+        it at the stop (kept by prune)."""
+        self._clock.restored(manifest.world_version, manifest.extra, state_from=state_from)
         ckpt = self.checkpointer
         ckpt.last_committed_step = ckpt.restored_step = manifest.step
         ckpt.verified.add(manifest.step)

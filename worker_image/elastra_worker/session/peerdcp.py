@@ -269,13 +269,16 @@ class PeerReader(StorageReader):
     def _read_size(self, item: ReadItem) -> int:
         if item.type == LoadItemType.BYTE_IO:
             return self._where(item.storage_index).nbytes
-        meta = self._metadata.state_dict_metadata[item.storage_index.fqn]
-        assert isinstance(meta, TensorStorageMetadata)
-        itemsize = torch.empty((), dtype=meta.properties.dtype).element_size()
+        itemsize = torch.empty((), dtype=self._dtype(item)).element_size()
         numel = 1
         for n in item.lengths:
             numel *= n
         return numel * itemsize
+
+    def _dtype(self, item: ReadItem) -> torch.dtype:
+        meta = self._metadata.state_dict_metadata[item.storage_index.fqn]
+        assert isinstance(meta, TensorStorageMetadata)
+        return meta.properties.dtype
 
     def _slice(
         self, index: MetadataIndex, offsets: torch.Size, lengths: torch.Size, *, whole: bool
@@ -300,9 +303,7 @@ class PeerReader(StorageReader):
             planner.load_bytes(item, io.BytesIO(data.numpy().tobytes()))
             return
         target = planner.resolve_tensor(item).detach()
-        meta = self._metadata.state_dict_metadata[item.storage_index.fqn]
-        assert isinstance(meta, TensorStorageMetadata)
-        values = data.clone().view(meta.properties.dtype).reshape(tuple(item.lengths))
+        values = data.clone().view(self._dtype(item)).reshape(tuple(item.lengths))
         target.copy_(values)
         planner.commit_tensor(item, target)
 
