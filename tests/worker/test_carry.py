@@ -51,6 +51,9 @@ class Case:
     llama: bool = False
     """Train the reference trainer's Llama (``elastra_worker.train``), which has a tensor
     parallel layout and pipeline stages, instead of the example GPT."""
+    stored: str = ""
+    """A pattern of the only files of the checkpoint the in-memory run reads, if any: the part
+    of the state a member that left held (the rest from the members' memory)."""
 
 
 SHRUNK = "rank 0 resumed step 10 from memory"
@@ -79,7 +82,7 @@ CASES = [
          (f"{RERUN} this world's plan dp1tp1pp2 (sharding none)", f"rank 3 {RESHARDED}"),
          llama=True),
     Case("sharded shrink", f"2:0:sharding=full,1:{RESIZE_AT}:sharding=full", "storage",
-         (RERUN, "rank 0: the members do not hold all of step 10")),
+         (RERUN, f"rank 0 {RESHARDED} (0.0 MB from peers"), stored=r"\.metadata|__1_\d+\.distcp"),
     # a world that ends at its stop step keeps nothing unless its own plan needs the script
     Case("to sharded", f"2:0,2:{RESIZE_AT}:sharding=full", "storage",
          ("restarts for world v2: the next world's plan dp2tp1pp1 (sharding full) is tensor",)),
@@ -160,6 +163,11 @@ def test_a_resize_in_memory_trains_what_the_volume_path_trains(
     assert volume_reads, "the path through the volume read no checkpoint: the audit sees nothing"
     if case.state_from == "memory":
         assert memory_reads == [], f"read the checkpoint folder: {memory_reads[:5]}"
+        assert "restored step" not in memory.output
+    elif case.stored:
+        names = {Path(line).name for line in memory_reads}
+        assert all(re.fullmatch(case.stored, n) for n in names), sorted(names)
+        assert any(n.endswith(".distcp") for n in names), sorted(names)
         assert "restored step" not in memory.output
     else:
         assert memory_reads, "a restart through the checkpoint read nothing"

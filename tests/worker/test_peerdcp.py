@@ -1,9 +1,11 @@
 """DCP storage in memory: a state sharded over one mesh, saved to the ranks' memory, loads into
 another mesh (more ranks, two dimensions, other dimensions) from the members that hold it, equal to
-the original; a chunk whose holder is not in the loading group fails on every loading rank."""
+the original; a chunk whose holder is not in the loading group fails on every loading rank, or,
+given the same state's durable copy, is read from it (and only that chunk)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,8 +69,10 @@ def _blank(mesh: DeviceMesh, w_placements: Any) -> dict[str, Any]:
     return state
 
 
-def _move(rank: int, world: int, layout: str) -> dict[str, Any]:
-    """Save over ``SAVERS`` (3 ranks, rows sharded), load over the layout's mesh."""
+def _move(rank: int, world: int, layout: str, durable: str | None = None) -> dict[str, Any]:
+    """Save over ``SAVERS`` (3 ranks, rows sharded), load over the layout's mesh; with
+    ``durable`` (a folder) the savers also save to files there, and the loaders read what no
+    loader holds from the saver that left's file alone (the others' files are removed)."""
     old_group = dist.new_group(SAVERS)
     old_mesh = DeviceMesh("cpu", SAVERS)  # every rank forms every group, members or not
     shape, placements = LAYOUTS[layout]
@@ -79,23 +83,29 @@ def _move(rank: int, world: int, layout: str) -> dict[str, Any]:
     held = None
     if rank in SAVERS:
         held = save_in_memory(_state(old_mesh, (Shard(0),)), group=old_group)
+        if durable is not None:
+            dcp.save(_state(old_mesh, (Shard(0),)), checkpoint_id=durable, process_group=old_group)
+    dist.barrier()
+    if durable is not None and rank == 0:  # what the members hold need not be on the volume
+        for path in Path(durable).glob("__*.distcp"):
+            if not path.name.startswith("__2_"):
+                path.unlink()
     box = [None if held is None else held.metadata]
     dist.broadcast_object_list(box, src=0)
     if rank not in loaders:
         return {}
     target = _blank(mesh, placements)
-    reader = PeerReader(held, box[0], group)
+    storage = None if durable is None else dcp.FileSystemReader(durable)
+    reader = PeerReader(held, box[0], group, storage=storage)
     try:
         dcp.load(target, storage_reader=reader, process_group=group)
     except CheckpointException as err:
         return {"error": str(err)}
     full = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in target.items()}
-    return {"state": full, "received": reader.received_bytes}
+    return {"state": full, "received": reader.received_bytes, "stored": reader.stored_bytes}
 
 
-@pytest.mark.parametrize("layout", LOADED)
-def test_a_state_held_in_memory_loads_into_another_layout_from_its_holders(layout: str) -> None:
-    results = run_world(_move, 4, layout)
+def _assert_loaded(results: list[dict[str, Any]]) -> None:
     want = originals()
     for rank, result in enumerate(results):
         assert "state" in result, f"rank {rank}: {result}"
@@ -103,7 +113,24 @@ def test_a_state_held_in_memory_loads_into_another_layout_from_its_holders(layou
         for name, tensor in want.items():
             assert torch.equal(got[name], tensor), f"rank {rank}: {name}: {got[name]} {tensor}"
         assert got["lr"] == 0.25, f"rank {rank}: lr"
+
+
+@pytest.mark.parametrize("layout", LOADED)
+def test_a_state_held_in_memory_loads_into_another_layout_from_its_holders(layout: str) -> None:
+    results = run_world(_move, 4, layout)
+    _assert_loaded(results)
     assert results[3]["received"] > 0  # the joiner held nothing: all it has came from peers
+    assert all(r["stored"] == 0 for r in results)
+
+
+def test_the_part_of_a_member_that_left_comes_from_the_durable_copy(tmp_path: Path) -> None:
+    results = run_world(_move, 4, "shrink", str(tmp_path))
+    loaded = results[:2]
+    _assert_loaded(loaded)
+    # rank 2 held rows 8..9 of w and exp_avg and row 6 of bias, all in rank 1's half now;
+    # the files of the members that stayed were removed, so nothing else came from storage
+    assert loaded[1]["stored"] > 0, [(r["received"], r["stored"]) for r in loaded]
+    assert loaded[0]["received"] > 0  # row 4 of w from rank 1 of the saving world
 
 
 def test_a_chunk_whose_holder_left_fails_on_every_loading_rank() -> None:

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.tensor import DTensor
 
 from ..checkpoint import Checkpointer
-from ..downtime import FROM_MEMORY, FROM_PEERS, ResizeClock
+from ..downtime import FROM_MEMORY, FROM_PEERS, FROM_STORAGE, ResizeClock
 from ..errors import PermanentError, RetryableError
 from ..faults import Faults
 from ..layout import CheckpointError, CheckpointRoot, CheckpointStore, Manifest, UnusableRootError
@@ -267,29 +267,36 @@ class CheckpointManager:
         self, manifest: Manifest, metadata: Metadata, held: HeldState | None
     ) -> Manifest | None:
         """Load the state the members kept in memory at the previous world's stop, resharded
-        by DCP to this world's plan, each piece from a member that holds it (``peerdcp``);
-        ``None`` (nothing loaded) where a part of it left with a member."""
+        by DCP to this world's plan, each piece from a member that holds it (``peerdcp``); the
+        pieces that left with a member (a shrink) from the checkpoint the old world committed
+        at that stop, and only those. ``None`` (nothing loaded) where that fails too."""
         state, keys = self._state()
         extra = self._extra.to_load(set(metadata.state_dict_metadata))
         state.update(extra)
-        reader = PeerReader(held, metadata, self._world.group)
+        storage = self.checkpointer.reader(manifest.step)
+        reader = PeerReader(held, metadata, self._world.group, storage=storage)
         start = time.perf_counter()
         try:
             dcp_load(state, storage_reader=reader, process_group=self._world.group)
         except CheckpointException as err:
-            log.info("rank %d: the members do not hold all of step %d (%s): from storage",
+            log.info("rank %d could not load step %d from the members' memory (%s): from storage",
                      self._world.rank, manifest.step, _first_line(err))  # fmt: skip
             return None
         self._peer_transfer = Transfer(reader.received_bytes, time.perf_counter() - start)
+        self._restored_bytes = reader.stored_bytes or None
         self._extra.load({k: state[k] for k in extra}, manifest)
         self._apply(state, keys)
-        self._adopt_committed(manifest, state_from=FROM_MEMORY if held is not None else FROM_PEERS)
+        came_from = FROM_MEMORY if held is not None else FROM_PEERS
+        if reader.stored_bytes:  # a part came from the volume: the resize needed storage
+            came_from = FROM_STORAGE
+        self._adopt_committed(manifest, state_from=came_from)
         w = self._world
         log.info(
             "rank %d resumed step %d resharded from the members' memory (%.1f MB from peers in "
-            "%.2fs) into a world of %d (plan %s; plan %s before)",
+            "%.2fs; %.1f MB that left with a member from storage) into a world of %d (plan %s; "
+            "plan %s before)",
             w.rank, manifest.step, reader.received_bytes / 1e6, self._peer_transfer.seconds,
-            w.world_size, w.plan.label, manifest.extra.get("plan", "?"),
+            reader.stored_bytes / 1e6, w.world_size, w.plan.label, manifest.extra.get("plan", "?"),
         )  # fmt: skip
         return manifest
 

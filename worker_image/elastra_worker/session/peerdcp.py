@@ -14,9 +14,11 @@ per pair of ranks, instead of reading a checkpoint back from the volume. DCP kee
 it does for files: planning, resharding (uneven and strided shards included), and gathering
 any rank's error to every rank.
 
-A chunk whose holder is not in the new world (a member that left) cannot be read here: the
-coordinator's plan fails on every rank alike, before any data moves, and the caller restores
-from the durable checkpoint instead.
+A chunk whose holder is not in the new world (a member that left with its part) is read from
+``storage``, the same step's durable checkpoint, by the rank that needs it: only those chunks'
+bytes, through the storage's own DCP reader. Without a ``storage`` the coordinator's plan fails
+on every rank alike, before any data moves, and the caller restores the whole state from the
+durable checkpoint instead.
 """
 
 from __future__ import annotations
@@ -150,24 +152,37 @@ class NotHeldError(RuntimeError):
     """A chunk the load needs is held by no member of the loading world."""
 
 
+_STORAGE = -1
+"""A read item's source where no member of the loading group holds its chunk."""
+
+
 class PeerReader(StorageReader):
     """Loads a state saved by ``MemoryWriter`` from the members of ``group`` that hold it.
     ``held`` is this rank's part (``None`` for a member that holds nothing, a joiner);
     ``metadata`` the save's, on every rank; ``group`` a gloo group (the slices travel in host
-    memory)."""
+    memory); ``storage`` a reader of the same state's durable copy (the same step, saved by the
+    same world) for the chunks no member holds, or ``None``: such a chunk fails the load."""
 
     def __init__(
-        self, held: HeldState | None, metadata: Metadata, group: dist.ProcessGroup | None
+        self,
+        held: HeldState | None,
+        metadata: Metadata,
+        group: dist.ProcessGroup | None,
+        *,
+        storage: StorageReader | None = None,
     ) -> None:
         super().__init__()
         self._held = held
         self._metadata = metadata
         self._group = group
+        self._storage = storage
         self.received_bytes = 0
         """Bytes this rank received from other members in the last load."""
+        self.stored_bytes = 0
+        """Bytes this rank read from ``storage`` in the last load."""
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        self.received_bytes = 0
+        self.received_bytes = self.stored_bytes = 0
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         return self._metadata
@@ -192,14 +207,14 @@ class PeerReader(StorageReader):
         for rank, plan in enumerate(plans):
             for item in plan.items:
                 saver = self._where(item.storage_index).rank
-                src = holders.get(saver)
-                if src is None:
+                src = holders.get(saver, _STORAGE)
+                if src == _STORAGE and self._storage is None:
                     raise NotHeldError(
                         f"{item.storage_index.fqn}: its chunk was held by rank {saver} of the "
                         "saving world, which is in no part of this one"
                     )
                 sources[rank].append(src)
-                if src != rank:
+                if src not in (rank, _STORAGE):
                     whole = item.type == LoadItemType.BYTE_IO
                     sends[src].append(_Send(rank, item.storage_index, item.storage_offsets,
                                             item.lengths, whole))  # fmt: skip
@@ -209,9 +224,10 @@ class PeerReader(StorageReader):
         ]
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        """Send the slices others read from here, receive this rank's, one buffer per pair.
-        Every rank of the group is here at once (DCP calls it on all ranks between two
-        collectives), so the point-to-point messages meet."""
+        """Send the slices others read from here, receive this rank's, one buffer per pair,
+        then read from storage what no member holds. Every rank of the group is here at once
+        (DCP calls it on all ranks between two collectives), so the point-to-point messages
+        meet; a storage error comes after them and DCP gives it to every rank."""
         route = plan.storage_data
         assert isinstance(route, _Route)
         me = dist.get_rank(self._group)
@@ -227,6 +243,8 @@ class PeerReader(StorageReader):
         self.received_bytes = sum(b.numel() for b in incoming.values())
         offsets = dict.fromkeys(incoming, 0)
         for item, src in zip(plan.items, route.sources, strict=True):
+            if src == _STORAGE:
+                continue
             if src == me:
                 data = self._slice(item.storage_index, item.storage_offsets, item.lengths,
                                    whole=item.type == LoadItemType.BYTE_IO)  # fmt: skip
@@ -235,6 +253,9 @@ class PeerReader(StorageReader):
                 data = incoming[src][offsets[src] : offsets[src] + size]
                 offsets[src] += size
             self._deliver(item, data, planner)
+        stored = [i for i, src in zip(plan.items, route.sources, strict=True) if src == _STORAGE]
+        if stored:
+            self._read_stored(stored, planner)
         future: Future[None] = Future()
         future.set_result(None)
         return future
@@ -242,6 +263,14 @@ class PeerReader(StorageReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         return False
+
+    def _read_stored(self, items: list[ReadItem], planner: LoadPlanner) -> None:
+        """Read ``items`` from the durable copy through its own reader: only their bytes."""
+        storage = self._storage
+        assert storage is not None  # prepare_global_plan routes nothing here without one
+        storage.set_up_storage_reader(storage.read_metadata(), False)
+        storage.read_data(LoadPlan(items), planner).wait()
+        self.stored_bytes = sum(self._read_size(item) for item in items)
 
     def _where(self, index: MetadataIndex) -> HeldChunk:
         where = self._metadata.storage_data[index]
@@ -262,7 +291,7 @@ class PeerReader(StorageReader):
         """One empty byte buffer per source, sized for the slices read from it."""
         sizes: dict[int, int] = {}
         for item, src in zip(items, sources, strict=True):
-            if src != me:
+            if src not in (me, _STORAGE):
                 sizes[src] = sizes.get(src, 0) + self._read_size(item)
         return {src: torch.empty(n, dtype=torch.uint8) for src, n in sizes.items()}
 
