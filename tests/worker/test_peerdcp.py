@@ -25,13 +25,15 @@ SAVERS = [0, 1, 2]
 
 
 def originals() -> dict[str, torch.Tensor]:
-    """Uneven rows over 3 and 4 ranks, a bf16 tensor, a scalar."""
+    """Uneven rows over 3 and 4 ranks, a bf16 tensor, a scalar, and one large enough that its
+    slices travel as messages of their own (over 1 MiB), saved by columns."""
     g = torch.Generator().manual_seed(5)
     return {
         "w": torch.randn(10, 6, generator=g),
         "exp_avg": torch.randn(10, 6, generator=g).to(torch.bfloat16),
         "bias": torch.randn(7, generator=g),
         "step": torch.tensor(42.0),
+        "big": torch.randn(3000, 1200, generator=g),
     }
 
 
@@ -46,11 +48,14 @@ LAYOUTS: dict[str, tuple[list[Any], Any]] = {
 LOADED = [name for name in LAYOUTS if name != "shrink"]
 
 
-def _state(mesh: DeviceMesh, w_placements: Any) -> dict[str, Any]:
+def _state(mesh: DeviceMesh, w_placements: Any, big_placements: Any = None) -> dict[str, Any]:
+    """The originals on ``mesh``: "w" and "big" as placed (``big_placements`` defaults to
+    ``w_placements``), the others by rows."""
     o = originals()
     dims = mesh.ndim
     return {
         "w": distribute_tensor(o["w"], mesh, w_placements),
+        "big": distribute_tensor(o["big"], mesh, big_placements or w_placements),
         "exp_avg": distribute_tensor(o["exp_avg"], mesh, (Shard(0),) + (Replicate(),) * (dims - 1)),
         "bias": distribute_tensor(o["bias"], mesh, (Shard(0),) + (Replicate(),) * (dims - 1)),
         "step": o["step"].clone(),
@@ -70,7 +75,8 @@ def _blank(mesh: DeviceMesh, w_placements: Any) -> dict[str, Any]:
 
 
 def _move(rank: int, world: int, layout: str, durable: str | None = None) -> dict[str, Any]:
-    """Save over ``SAVERS`` (3 ranks, rows sharded), load over the layout's mesh; with
+    """Save over ``SAVERS`` (3 ranks, rows sharded, "big" by columns), load over the layout's
+    mesh (a row of "big" then spans its holders: no target of it is contiguous); with
     ``durable`` (a folder) the savers also save to files there, and the loaders read what no
     loader holds from the saver that left's file alone (the others' files are removed)."""
     old_group = dist.new_group(SAVERS)
@@ -82,9 +88,10 @@ def _move(rank: int, world: int, layout: str, durable: str | None = None) -> dic
     mesh = DeviceMesh("cpu", ranks)
     held = None
     if rank in SAVERS:
-        held = save_in_memory(_state(old_mesh, (Shard(0),)), group=old_group)
+        saved = _state(old_mesh, (Shard(0),), (Shard(1),))
+        held = save_in_memory(saved, group=old_group)
         if durable is not None:
-            dcp.save(_state(old_mesh, (Shard(0),)), checkpoint_id=durable, process_group=old_group)
+            dcp.save(saved, checkpoint_id=durable, process_group=old_group)
     dist.barrier()
     if durable is not None and rank == 0:  # what the members hold need not be on the volume
         for path in Path(durable).glob("__*.distcp"):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -83,6 +83,40 @@ class _Send:
     lengths: torch.Size
     whole: bool
     """A byte item: the whole chunk, not a tensor slice."""
+
+
+_DIRECT_BYTES = 1 << 20
+"""A slice of at least this many bytes travels as a message of its own, not copied into its
+pair's packed buffer, and is received straight into its target where it can be: the bulk of a
+state crosses with gloo's copy alone."""
+
+
+def _direct(nbytes: int) -> bool:
+    return nbytes >= _DIRECT_BYTES
+
+
+@dataclass
+class _Inbox:
+    """What a rank receives from one member: the small slices in one packed buffer (tag 0),
+    then each large one in its own (tags 1, 2, ...), ``(item, buffer, target)`` where
+    ``target`` is the tensor the buffer's bytes are (received in place), or ``None``."""
+
+    packed: list[ReadItem] = field(default_factory=list)
+    packed_bytes: int = 0
+    direct: list[tuple[ReadItem, torch.Tensor, torch.Tensor | None]] = field(default_factory=list)
+    packed_buffer: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
+
+    def messages(self) -> list[tuple[int, torch.Tensor]]:
+        """``(tag, buffer)`` to receive into, as the source's ``_outgoing`` sends them."""
+        head = []
+        if self.packed:
+            self.packed_buffer = torch.empty(self.packed_bytes, dtype=torch.uint8)
+            head.append((0, self.packed_buffer))
+        return head + [(tag, buf) for tag, (_, buf, _) in enumerate(self.direct, start=1)]
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed_bytes + sum(buf.numel() for _, buf, _ in self.direct)
 
 
 @dataclass(frozen=True)
@@ -224,7 +258,7 @@ class PeerReader(StorageReader):
         ]
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        """Send the slices others read from here, receive this rank's, one buffer per pair,
+        """Send the slices others read from here and receive this rank's (``_DIRECT_BYTES``),
         then read from storage what no member holds. Every rank of the group is here at once
         (DCP calls it on all ranks between two collectives), so the point-to-point messages
         meet; a storage error comes after them and DCP gives it to every rank."""
@@ -232,27 +266,22 @@ class PeerReader(StorageReader):
         assert isinstance(route, _Route)
         me = dist.get_rank(self._group)
         outgoing = self._outgoing(route.sends)
-        incoming = self._incoming(plan.items, route.sources, me)
-        ops = [dist.P2POp(dist.isend, buf, group=self._group, group_peer=dst)
-               for dst, buf in outgoing.items()]  # fmt: skip
-        ops += [dist.P2POp(dist.irecv, buf, group=self._group, group_peer=src)
-                for src, buf in incoming.items()]  # fmt: skip
+        inboxes = self._inboxes(plan.items, route.sources, me, planner)
+        ops = [dist.P2POp(dist.isend, buf, group=self._group, group_peer=dst, tag=tag)
+               for dst, messages in outgoing.items() for tag, buf in messages]  # fmt: skip
+        ops += [dist.P2POp(dist.irecv, buf, group=self._group, group_peer=src, tag=tag)
+                for src, box in inboxes.items() for tag, buf in box.messages()]  # fmt: skip
         if ops:
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
-        self.received_bytes = sum(b.numel() for b in incoming.values())
-        offsets = dict.fromkeys(incoming, 0)
+        self.received_bytes = sum(box.nbytes for box in inboxes.values())
         for item, src in zip(plan.items, route.sources, strict=True):
-            if src == _STORAGE:
-                continue
             if src == me:
                 data = self._slice(item.storage_index, item.storage_offsets, item.lengths,
                                    whole=item.type == LoadItemType.BYTE_IO)  # fmt: skip
-            else:
-                size = self._read_size(item)
-                data = incoming[src][offsets[src] : offsets[src] + size]
-                offsets[src] += size
-            self._deliver(item, data, planner)
+                self._deliver(item, data, planner)
+        for box in inboxes.values():
+            self._unpack(box, planner)
         stored = [i for i, src in zip(plan.items, route.sources, strict=True) if src == _STORAGE]
         if stored:
             self._read_stored(stored, planner)
@@ -277,23 +306,60 @@ class PeerReader(StorageReader):
         assert isinstance(where, HeldChunk)
         return where
 
-    def _outgoing(self, sends: Iterable[_Send]) -> dict[int, torch.Tensor]:
-        """One byte buffer per destination: the slices it reads from here, in its order."""
-        pieces: dict[int, list[torch.Tensor]] = {}
+    def _outgoing(self, sends: Iterable[_Send]) -> dict[int, list[tuple[int, torch.Tensor]]]:
+        """The messages to each destination, ``(tag, bytes)``: the small slices it reads from
+        here packed in its order (tag 0), then each large one as it lies (tags 1, 2, ...)."""
+        packed: dict[int, list[torch.Tensor]] = {}
+        direct: dict[int, list[torch.Tensor]] = {}
         for s in sends:
             piece = self._slice(s.storage_index, s.storage_offsets, s.lengths, whole=s.whole)
-            pieces.setdefault(s.dst, []).append(piece)
-        return {dst: torch.cat(ps) for dst, ps in pieces.items()}
+            (direct if _direct(piece.numel()) else packed).setdefault(s.dst, []).append(piece)
+        return {
+            dst: ([(0, torch.cat(packed[dst]))] if dst in packed else [])
+            + [(tag, piece) for tag, piece in enumerate(direct.get(dst, []), start=1)]
+            for dst in packed.keys() | direct.keys()
+        }
 
-    def _incoming(
-        self, items: list[ReadItem], sources: Iterable[int], me: int
-    ) -> dict[int, torch.Tensor]:
-        """One empty byte buffer per source, sized for the slices read from it."""
-        sizes: dict[int, int] = {}
+    def _inboxes(
+        self, items: list[ReadItem], sources: Iterable[int], me: int, planner: LoadPlanner
+    ) -> dict[int, _Inbox]:
+        """What this rank receives from each source, in the order the source sends it: a large
+        slice straight into its target where that is a contiguous CPU tensor of its type."""
+        boxes: dict[int, _Inbox] = {}
         for item, src in zip(items, sources, strict=True):
-            if src not in (me, _STORAGE):
-                sizes[src] = sizes.get(src, 0) + self._read_size(item)
-        return {src: torch.empty(n, dtype=torch.uint8) for src, n in sizes.items()}
+            if src in (me, _STORAGE):
+                continue
+            box = boxes.setdefault(src, _Inbox())
+            size = self._read_size(item)
+            if not _direct(size):
+                box.packed.append(item)
+                box.packed_bytes += size
+                continue
+            target = self._landing(item, planner)
+            buf = torch.empty(size, dtype=torch.uint8) if target is None else _bytes_of(target)
+            box.direct.append((item, buf, target))
+        return boxes
+
+    def _landing(self, item: ReadItem, planner: LoadPlanner) -> torch.Tensor | None:
+        """The tensor ``item``'s bytes can be received into as they are, if any."""
+        if item.type == LoadItemType.BYTE_IO:
+            return None
+        target = planner.resolve_tensor(item).detach()
+        fits = target.device.type == "cpu" and target.is_contiguous()
+        return target if fits and target.dtype == self._dtype(item) else None
+
+    def _unpack(self, box: _Inbox, planner: LoadPlanner) -> None:
+        """Deliver what came from one source: the packed slices cut apart, the large ones."""
+        offset = 0
+        for item in box.packed:
+            size = self._read_size(item)
+            self._deliver(item, box.packed_buffer[offset : offset + size], planner)
+            offset += size
+        for item, buf, target in box.direct:
+            if target is None:
+                self._deliver(item, buf, planner)
+            else:  # received in place
+                planner.commit_tensor(item, target)
 
     def _read_size(self, item: ReadItem) -> int:
         if item.type == LoadItemType.BYTE_IO:
@@ -322,7 +388,7 @@ class PeerReader(StorageReader):
         piece = chunk
         for dim, (start, length) in enumerate(zip(offsets, lengths, strict=True)):
             piece = piece.narrow(dim, start, length)
-        return piece.contiguous().reshape(-1).view(torch.uint8)
+        return _bytes_of(piece.contiguous())
 
     def _held_rank(self) -> int | None:
         return None if self._held is None else self._held.rank
@@ -335,6 +401,11 @@ class PeerReader(StorageReader):
         values = data.clone().view(self._dtype(item)).reshape(tuple(item.lengths))
         target.copy_(values)
         planner.commit_tensor(item, target)
+
+
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's memory as a flat byte tensor (the same memory)."""
+    return tensor.reshape(-1).view(torch.uint8)
 
 
 def _nbytes(chunk: torch.Tensor | bytes) -> int:
