@@ -1,13 +1,15 @@
 """Resize downtime in step-time units: what a shrink, a grow and a plan change cost a job.
 
 Runs the example GPT under the local launcher with a 2 -> 1 -> 2 -> 2 (micro-batches of 1) ->
-2 (sharded) -> 2 (replicated again) schedule (data mode) twice in one run: once through storage
-(every world change restarts the trainers, which read the committed checkpoint back:
-``ELASTRA_IN_MEMORY_RESIZE=0``) and once as the agent does by default (trainers whose pod stays
-move to the next world in their own processes and keep the state in memory; a joiner takes it
-from them over the new process group; out of the sharded plan the trainers run their script
-again and load the state resharded from the members' memory; into it, from a world that ended at
-its own stop step with nothing kept, they restart through storage). The
+2 (sharded) -> 2 (replicated again) -> 1 (sharded) schedule (data mode) twice in one run: once
+through storage (every world change restarts the trainers, which read the committed checkpoint
+back: ``ELASTRA_IN_MEMORY_RESIZE=0``) and once as the agent does by default (trainers whose pod
+stays move to the next world in their own processes and keep the state in memory; a joiner
+takes it from them over the new process group; out of the sharded plan the trainers run their
+script again and load the state resharded from the members' memory; into it, from a world that
+ended at its own stop step with nothing kept, they restart through storage; the last shrink,
+into a sharded plan, runs the script again too, the part the leaving member held read from
+the checkpoint committed at the stop). The
 step time is the median time between two steps inside a world; a resize's downtime is the time
 from the old world's last step to the new world's first step, minus one step. It is split, from
 the trainers' own log lines, into stop + checkpoint (to the commit of the stop step), state (to
@@ -52,7 +54,8 @@ EXAMPLE = REPO / "worker_image" / "examples" / "train_tiny_gpt.py"
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (.*)$")
 _PEERS = re.compile(
     r"rank (?P<rank>\d+) resumed step \d+ (from peers \(rank \d+ sent|resharded from the "
-    r"members' memory \() ?(?P<mb>[\d.]+) MB (from peers )?in (?P<s>[\d.]+)s\)"
+    r"members' memory \() ?(?P<mb>[\d.]+) MB (from peers )?in (?P<s>[\d.]+)s"
+    r"(\)|; (?P<stored>[\d.]+) MB that left with a member from storage\))"
 )
 LOOPBACK_BYTES = 512 * 2**20
 CHUNK = 4 * 2**20
@@ -213,10 +216,12 @@ def report(run: Run, *, entries: Sequence[str], loopback: float, state: int) -> 
             sent = _PEERS.search(text)
             if sent and t_last <= when <= t_first:
                 rate = float(sent["mb"]) * 1e6 / max(float(sent["s"]), 1e-9)
+                stored = f"; {float(sent['stored']) / 1e3:.2f} GB from storage" if sent[
+                    "stored"] else ""  # fmt: skip
                 print(
                     f"    rank {sent['rank']} took {float(sent['mb']) / 1e3:.2f} GB from peers "
                     f"in {sent['s']} s: {rate / 2**30:.2f} GiB/s = {rate / loopback:.2f}x "
-                    "loopback TCP"
+                    f"loopback TCP{stored}"
                 )
 
 
@@ -230,13 +235,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     n = args.steps_per_world
-    schedule = f"2:0,1:{n},2:{2 * n},2:{3 * n}:mb=1,2:{4 * n}:sharding=full,2:{5 * n}"
+    schedule = (
+        f"2:0,1:{n},2:{2 * n},2:{3 * n}:mb=1,2:{4 * n}:sharding=full,2:{5 * n},"
+        f"1:{6 * n}:sharding=full"
+    )
     loopback = loopback_throughput()
     model = ["--d-model", str(args.d_model), "--layers", str(args.layers)]
     print(f"resize downtime, schedule {schedule}, tiny GPT d={args.d_model} x{args.layers}")
     for title, in_memory in (("restart and storage", False), ("in memory and peers", True)):
         print(f"{title}:")
-        run = run_schedule(schedule, 6 * n, model, in_memory=in_memory)
+        run = run_schedule(schedule, 7 * n, model, in_memory=in_memory)
         if run is None:
             return 1
         report(run, entries=schedule.split(","), loopback=loopback, state=run.state_bytes)
