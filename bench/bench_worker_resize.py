@@ -1,15 +1,15 @@
 """Resize downtime in step-time units: what a shrink, a grow and a plan change cost a job.
 
 Runs the example GPT under the local launcher with a 2 -> 1 -> 2 -> 2 (micro-batches of 1) ->
-2 (sharded) -> 2 (replicated again) -> 1 (sharded) schedule (data mode) twice in one run: once
+2 (sharded) -> 1 (sharded) -> 2 (replicated again) schedule (data mode) twice in one run: once
 through storage (every world change restarts the trainers, which read the committed checkpoint
 back: ``ELASTRA_IN_MEMORY_RESIZE=0``) and once as the agent does by default (trainers whose pod
 stays move to the next world in their own processes and keep the state in memory; a joiner
-takes it from them over the new process group; out of the sharded plan the trainers run their
-script again and load the state resharded from the members' memory; into it, from a world that
-ended at its own stop step with nothing kept, they restart through storage; the last shrink,
-into a sharded plan, runs the script again too, the part the leaving member held read from
-the checkpoint committed at the stop). The
+takes it from them over the new process group; into the sharded plan, from a world that ended
+at its own stop step with nothing kept, they restart through storage; in the sharded plan's
+shrink and on the way out of it the trainers run their script again and load the state
+resharded from the members' memory, the part the leaving member held from the checkpoint
+committed at the stop, the joiner's from the member). The
 step time is the median time between two steps inside a world; a resize's downtime is the time
 from the old world's last step to the new world's first step, minus one step. It is split, from
 the trainers' own log lines, into stop + checkpoint (to the commit of the stop step), state (to
@@ -236,8 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     n = args.steps_per_world
     schedule = (
-        f"2:0,1:{n},2:{2 * n},2:{3 * n}:mb=1,2:{4 * n}:sharding=full,2:{5 * n},"
-        f"1:{6 * n}:sharding=full"
+        f"2:0,1:{n},2:{2 * n},2:{3 * n}:mb=1,2:{4 * n}:sharding=full,1:{5 * n}:sharding=full,"
+        f"2:{6 * n}"
     )
     loopback = loopback_throughput()
     model = ["--d-model", str(args.d_model), "--layers", str(args.layers)]

@@ -74,11 +74,14 @@ def _blank(mesh: DeviceMesh, w_placements: Any) -> dict[str, Any]:
     return state
 
 
-def _move(rank: int, world: int, layout: str, durable: str | None = None) -> dict[str, Any]:
+def _move(
+    rank: int, world: int, layout: str, durable: str | None = None, lost: bool = False
+) -> dict[str, Any]:
     """Save over ``SAVERS`` (3 ranks, rows sharded, "big" by columns), load over the layout's
-    mesh (a row of "big" then spans its holders: no target of it is contiguous); with
-    ``durable`` (a folder) the savers also save to files there, and the loaders read what no
-    loader holds from the saver that left's file alone (the others' files are removed)."""
+    mesh (loaded by rows, a piece of "big" lands in a strided target, received into a buffer;
+    by columns, some land in place); with ``durable`` (a folder) the savers also save to files
+    there, and the loaders read what no loader holds from the file of the saver that left
+    alone (the others' files are removed; with ``lost`` that one too)."""
     old_group = dist.new_group(SAVERS)
     old_mesh = DeviceMesh("cpu", SAVERS)  # every rank forms every group, members or not
     shape, placements = LAYOUTS[layout]
@@ -95,7 +98,7 @@ def _move(rank: int, world: int, layout: str, durable: str | None = None) -> dic
     dist.barrier()
     if durable is not None and rank == 0:  # what the members hold need not be on the volume
         for path in Path(durable).glob("__*.distcp"):
-            if not path.name.startswith("__2_"):
+            if lost or not path.name.startswith("__2_"):
                 path.unlink()
     box = [None if held is None else held.metadata]
     dist.broadcast_object_list(box, src=0)
@@ -138,6 +141,13 @@ def test_the_part_of_a_member_that_left_comes_from_the_durable_copy(tmp_path: Pa
     # the files of the members that stayed were removed, so nothing else came from storage
     assert loaded[1]["stored"] > 0, [(r["received"], r["stored"]) for r in loaded]
     assert loaded[0]["received"] > 0  # row 4 of w from rank 1 of the saving world
+
+
+def test_a_part_the_durable_copy_lacks_too_fails_on_every_loading_rank(tmp_path: Path) -> None:
+    """What the caller takes as its cue to read the whole state from storage instead."""
+    results = run_world(_move, 4, "shrink", str(tmp_path), True)
+    for rank in (0, 1):
+        assert "__2_0.distcp" in results[rank].get("error", ""), results[rank]
 
 
 def test_a_chunk_whose_holder_left_fails_on_every_loading_rank() -> None:

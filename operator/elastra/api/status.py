@@ -203,7 +203,11 @@ class ResizeRecord(StatusModel):
     )
     state_from: Annotated[str, StringConstraints(max_length=16)] | None = Field(
         default=None,
-        description="Where the new world's state came from: storage (the committed checkpoint).",
+        description=(
+            "Where the new world's rank 0 took its state from: memory (it kept it, moving in "
+            "its own process), peers (members that held it in memory sent it), storage (the "
+            "committed checkpoint: all of it, or a part that left with a member)."
+        ),
     )
     peers_lost: bool | None = Field(
         default=None,

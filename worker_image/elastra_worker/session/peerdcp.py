@@ -9,8 +9,9 @@ lacks is storage other than files. ``MemoryWriter`` is a DCP storage writer that
 rank's chunks in this process (a copy in host memory, as an asynchronous save stages it) and
 names, in the metadata, the rank that holds each; ``PeerReader`` is the reader a member of the
 next world loads through: the coordinator routes every read to a member that holds the chunk,
-and each rank then sends the slices the others asked of it and receives its own, one message
-per pair of ranks, instead of reading a checkpoint back from the volume. DCP keeps doing what
+and each rank then sends the slices the others asked of it and receives its own (the small
+ones packed in one message per pair of ranks, each large one a message of its own received in
+place), instead of reading a checkpoint back from the volume. DCP keeps doing what
 it does for files: planning, resharding (uneven and strided shards included), and gathering
 any rank's error to every rank.
 
@@ -105,13 +106,11 @@ class _Inbox:
     packed_bytes: int = 0
     direct: list[tuple[ReadItem, torch.Tensor, torch.Tensor | None]] = field(default_factory=list)
     packed_buffer: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
+    """Allocated once every packed slice is counted."""
 
     def messages(self) -> list[tuple[int, torch.Tensor]]:
         """``(tag, buffer)`` to receive into, as the source's ``_outgoing`` sends them."""
-        head = []
-        if self.packed:
-            self.packed_buffer = torch.empty(self.packed_bytes, dtype=torch.uint8)
-            head.append((0, self.packed_buffer))
+        head = [(0, self.packed_buffer)] if self.packed else []
         return head + [(tag, buf) for tag, (_, buf, _) in enumerate(self.direct, start=1)]
 
     @property
@@ -338,6 +337,8 @@ class PeerReader(StorageReader):
             target = self._landing(item, planner)
             buf = torch.empty(size, dtype=torch.uint8) if target is None else _bytes_of(target)
             box.direct.append((item, buf, target))
+        for box in boxes.values():
+            box.packed_buffer = torch.empty(box.packed_bytes, dtype=torch.uint8)
         return boxes
 
     def _landing(self, item: ReadItem, planner: LoadPlanner) -> torch.Tensor | None:
