@@ -276,9 +276,7 @@ class PeerReader(StorageReader):
         self.received_bytes = sum(box.nbytes for box in inboxes.values())
         for item, src in zip(plan.items, route.sources, strict=True):
             if src == me:
-                data = self._slice(item.storage_index, item.storage_offsets, item.lengths,
-                                   whole=item.type == LoadItemType.BYTE_IO)  # fmt: skip
-                self._deliver(item, data, planner)
+                self._deliver_own(item, planner)
         for box in inboxes.values():
             self._unpack(box, planner)
         stored = [i for i, src in zip(plan.items, route.sources, strict=True) if src == _STORAGE]
@@ -379,28 +377,50 @@ class PeerReader(StorageReader):
     def _slice(
         self, index: MetadataIndex, offsets: torch.Size, lengths: torch.Size, *, whole: bool
     ) -> torch.Tensor:
-        """A held chunk's bytes, or the slice of it at ``offsets`` of ``lengths``, flat."""
+        """A held chunk's bytes, or the slice of it at ``offsets`` of ``lengths``, flat (to
+        send: a copy only where the slice is strided)."""
+        piece = self._piece(index, offsets, lengths)
+        if isinstance(piece, bytes):
+            return torch.frombuffer(bytearray(piece), dtype=torch.uint8)
+        assert not whole
+        return _bytes_of(piece.contiguous())
+
+    def _piece(
+        self, index: MetadataIndex, offsets: torch.Size, lengths: torch.Size
+    ) -> torch.Tensor | bytes:
+        """A held chunk (bytes), or the view of it at ``offsets`` of ``lengths``."""
         if self._held is None or index not in self._held.chunks:
             raise NotHeldError(f"{index.fqn}: routed to rank {self._held_rank()}, which lacks it")
-        chunk = self._held.chunks[index]
-        if isinstance(chunk, bytes):
-            return torch.frombuffer(bytearray(chunk), dtype=torch.uint8)
-        assert not whole
-        piece = chunk
+        piece = self._held.chunks[index]
+        if isinstance(piece, bytes):
+            return piece
         for dim, (start, length) in enumerate(zip(offsets, lengths, strict=True)):
             piece = piece.narrow(dim, start, length)
-        return _bytes_of(piece.contiguous())
+        return piece
 
     def _held_rank(self) -> int | None:
         return None if self._held is None else self._held.rank
 
+    def _deliver_own(self, item: ReadItem, planner: LoadPlanner) -> None:
+        """An item this rank holds itself: copied from its chunk into the target, once."""
+        piece = self._piece(item.storage_index, item.storage_offsets, item.lengths)
+        if isinstance(piece, bytes):
+            planner.load_bytes(item, io.BytesIO(piece))
+            return
+        target = planner.resolve_tensor(item).detach()
+        target.copy_(piece)
+        planner.commit_tensor(item, target)
+
     def _deliver(self, item: ReadItem, data: torch.Tensor, planner: LoadPlanner) -> None:
+        """A received item (flat bytes) into its target."""
         if item.type == LoadItemType.BYTE_IO:
             planner.load_bytes(item, io.BytesIO(data.numpy().tobytes()))
             return
+        dtype = self._dtype(item)
+        if data.storage_offset() % dtype.itemsize:  # packed after an odd-sized slice
+            data = data.clone()
         target = planner.resolve_tensor(item).detach()
-        values = data.clone().view(self._dtype(item)).reshape(tuple(item.lengths))
-        target.copy_(values)
+        target.copy_(data.view(dtype).reshape(tuple(item.lengths)))
         planner.commit_tensor(item, target)
 
 
