@@ -13,7 +13,7 @@ from elastra.api import TrainingJob
 from elastra.controller.decide import sharing
 from elastra.controller.decide.observe import PodFacts
 from elastra.elastic.share import Priorities, Scope
-from elastra.elastic.workers import PodName, WorkerState, WorkerView
+from elastra.elastic.workers import NodeName, PodName, WorkerState, WorkerView
 from tests.unit.controller.test_passplan import job
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -75,6 +75,54 @@ def test_a_donated_pod_still_terminating_is_not_given_twice() -> None:
     its GPUs yet): before, the donor counted 2 held and gave another, ending at 1."""
     me = TrainingJob.model_validate(job(replicas=3, minReplicas=1))
     assert sharing.desired(me, held(3, terminating=1), [starved("other", 1)], [], free=0) == 2
+
+
+def on_nodes(*pods: tuple[str, WorkerState, bool]) -> dict[str, PodFacts]:
+    """Workers of this job as (node, state, retiring)."""
+    facts: dict[str, PodFacts] = {}
+    for i, (node, state, retiring) in enumerate(pods):
+        view = WorkerView(
+            pod=PodName(f"gpt-w-{i}"), slot=i, state=state, since=NOW,
+            node=NodeName(node), retiring_since=NOW if retiring else None,
+        )  # fmt: skip
+        facts[view.pod] = PodFacts(
+            view=view, raw={}, assignment="", assignment_version=0, ip=None, bound=True,
+            node_gone=False, gated=False, exit_code=None,
+        )  # fmt: skip
+    return facts
+
+
+READY, GONE = WorkerState.READY, WorkerState.TERMINATING
+DONOR = on_nodes(("n1", READY, False), ("n2", READY, False), ("n3", READY, True))
+
+
+@pytest.mark.parametrize(
+    ("new_pods", "facts", "want"),
+    [
+        ((), DONOR, 0),
+        (("n4",), DONOR, 1),  # a node nobody holds
+        # where its donated pod still stops: the gift, not free (before: counted 1, and the
+        # donor then aimed for the 3 it held and placed a pod there again)
+        (("n3",), DONOR, 0),
+        (("n3", "n3"), DONOR, 1),  # room for two there: one is the retiring pod's
+        (("n3", "n4"), DONOR, 1),
+        # a retiring pod being deleted is not given back to the job's placement at all
+        (("n3",), on_nodes(("n1", READY, False), ("n3", GONE, True)), 1),
+        (("n3",), on_nodes(("n3", READY, False)), 1),  # a staying pod is the placement's keep
+    ],
+)
+def test_free_for_starved_leaves_out_the_donors_retiring_pods(
+    new_pods: tuple[str, ...], facts: dict[str, PodFacts], want: int
+) -> None:
+    assert sharing.free_for_starved(new_pods, facts) == want
+
+
+def test_a_donor_whose_gift_is_still_stopping_keeps_its_lower_size() -> None:
+    """The pass right after the shrink: 2 staying, 1 retiring on n3, and the placement finds
+    n3 for a new pod. The donor's size stays 2 (before: 3, and it re-placed the pod)."""
+    me = TrainingJob.model_validate(job(replicas=3, minReplicas=1))
+    free = sharing.free_for_starved(["n3"], DONOR)
+    assert sharing.desired(me, DONOR, [starved("other", 1)], [], free=free) == 2
 
 
 def test_other_jobs_terminating_pods_count_as_held() -> None:

@@ -279,7 +279,7 @@ def _running(
         facts,
         obs.jobs,
         obs.cluster_pods,
-        free=len(placement.pods),
+        free=sharing.free_for_starved((p.node for p in placement.pods), facts),
         reserved=obs.reserved,
         priorities=obs.priorities,
         scope=settings.sharing,

@@ -102,6 +102,27 @@ def desired(
     )
 
 
+def free_for_starved(new_pod_nodes: Iterable[str], facts: Mapping[str, PodFacts]) -> int:
+    """How many of the new pods this job could place now stand on capacity nobody holds:
+    ``desired``'s ``free``.
+
+    The job's placement counts its own pods' capacity as its to plan with again, retiring
+    pods' too, so a node where a donated pod is still stopping looks free to its donor. Those
+    GPUs are the gift itself: counted as free, they covered the starved job's deficit, the
+    donor's gift fell to nothing and its size went back up to what it still held (a pod
+    created where the donated one was stopping, seen in an integration run: the donor took
+    the GPUs back or ended below its share). Per node, new pods use up the capacity of the
+    job's retiring pods there first.
+    """
+    retiring = Counter(
+        str(f.view.node)
+        for f in facts.values()
+        if f.view.retiring_since is not None and f.view.state.alive and f.view.node
+    )
+    placed = Counter(new_pod_nodes)
+    return sum(max(0, count - retiring[node]) for node, count in placed.items())
+
+
 _Entry = tuple[Claim, str | None]
 """A job's claim (``held`` 0, priority 0: both filled per pass) and its PriorityClass name."""
 
