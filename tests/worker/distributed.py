@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 import queue
 import time
 import traceback
@@ -52,7 +53,10 @@ def _rank_main(job: tuple[Callable[..., Any], tuple[Any, ...]], rank: int, world
                 world_size=world,
                 timeout=timedelta(seconds=60),
             )
-        out.put((rank, None, fn(rank, world, *args)))
+        # Pickled here, by value: a tensor put on a torch queue as it is travels as a handle
+        # to this process's shared memory, which is gone if this process exits before the
+        # parent reads it (FileNotFoundError in the parent, seen in a run).
+        out.put((rank, None, pickle.dumps(fn(rank, world, *args))))
     except BaseException:  # report everything, the parent decides
         out.put((rank, traceback.format_exc(), None))
     finally:
@@ -94,7 +98,7 @@ def run_world(
                 continue
             if error is not None:
                 pytest.fail(_failure_report(out, rank, error))
-            results[rank] = value
+            results[rank] = pickle.loads(value)
     finally:
         for p in procs:
             p.join(timeout=10)

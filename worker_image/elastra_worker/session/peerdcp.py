@@ -82,8 +82,6 @@ class _Send:
     storage_index: MetadataIndex
     storage_offsets: torch.Size
     lengths: torch.Size
-    whole: bool
-    """A byte item: the whole chunk, not a tensor slice."""
 
 
 _DIRECT_BYTES = 1 << 20
@@ -96,26 +94,40 @@ def _direct(nbytes: int) -> bool:
     return nbytes >= _DIRECT_BYTES
 
 
+@dataclass(frozen=True)
+class _Direct:
+    """A large slice received as a message of its own."""
+
+    item: ReadItem
+    buffer: torch.Tensor
+    target: torch.Tensor | None
+    """Its resolved target (``None`` for a byte item)."""
+    in_place: bool
+    """``buffer`` is ``target``'s own memory: received, it is loaded."""
+
+
 @dataclass
 class _Inbox:
     """What a rank receives from one member: the small slices in one packed buffer (tag 0),
-    then each large one in its own (tags 1, 2, ...), ``(item, buffer, target)`` where
-    ``target`` is the tensor the buffer's bytes are (received in place), or ``None``."""
+    each ``(item, size)``, then each large one in its own (tags 1, 2, ...)."""
 
-    packed: list[ReadItem] = field(default_factory=list)
-    packed_bytes: int = 0
-    direct: list[tuple[ReadItem, torch.Tensor, torch.Tensor | None]] = field(default_factory=list)
+    packed: list[tuple[ReadItem, int]] = field(default_factory=list)
+    direct: list[_Direct] = field(default_factory=list)
     packed_buffer: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
     """Allocated once every packed slice is counted."""
+
+    @property
+    def packed_bytes(self) -> int:
+        return sum(size for _, size in self.packed)
 
     def messages(self) -> list[tuple[int, torch.Tensor]]:
         """``(tag, buffer)`` to receive into, as the source's ``_outgoing`` sends them."""
         head = [(0, self.packed_buffer)] if self.packed else []
-        return head + [(tag, buf) for tag, (_, buf, _) in enumerate(self.direct, start=1)]
+        return head + [(tag, d.buffer) for tag, d in enumerate(self.direct, start=1)]
 
     @property
     def nbytes(self) -> int:
-        return self.packed_bytes + sum(buf.numel() for _, buf, _ in self.direct)
+        return self.packed_bytes + sum(d.buffer.numel() for d in self.direct)
 
 
 @dataclass(frozen=True)
@@ -248,9 +260,9 @@ class PeerReader(StorageReader):
                     )
                 sources[rank].append(src)
                 if src not in (rank, _STORAGE):
-                    whole = item.type == LoadItemType.BYTE_IO
-                    sends[src].append(_Send(rank, item.storage_index, item.storage_offsets,
-                                            item.lengths, whole))  # fmt: skip
+                    sends[src].append(
+                        _Send(rank, item.storage_index, item.storage_offsets, item.lengths)
+                    )
         return [
             replace(plan, storage_data=_Route(tuple(sources[r]), tuple(sends[r])))
             for r, plan in enumerate(plans)
@@ -309,7 +321,7 @@ class PeerReader(StorageReader):
         packed: dict[int, list[torch.Tensor]] = {}
         direct: dict[int, list[torch.Tensor]] = {}
         for s in sends:
-            piece = self._slice(s.storage_index, s.storage_offsets, s.lengths, whole=s.whole)
+            piece = self._slice(s.storage_index, s.storage_offsets, s.lengths)
             (direct if _direct(piece.numel()) else packed).setdefault(s.dst, []).append(piece)
         return {
             dst: ([(0, torch.cat(packed[dst]))] if dst in packed else [])
@@ -328,46 +340,45 @@ class PeerReader(StorageReader):
                 continue
             box = boxes.setdefault(src, _Inbox())
             size = self._read_size(item)
-            if not _direct(size):
-                box.packed.append(item)
-                box.packed_bytes += size
-                continue
-            target = self._landing(item, planner)
-            buf = torch.empty(size, dtype=torch.uint8) if target is None else _bytes_of(target)
-            box.direct.append((item, buf, target))
+            if _direct(size):
+                box.direct.append(self._direct_slice(item, size, planner))
+            else:
+                box.packed.append((item, size))
         for box in boxes.values():
             box.packed_buffer = torch.empty(box.packed_bytes, dtype=torch.uint8)
         return boxes
 
-    def _landing(self, item: ReadItem, planner: LoadPlanner) -> torch.Tensor | None:
-        """The tensor ``item``'s bytes can be received into as they are, if any."""
+    def _direct_slice(self, item: ReadItem, size: int, planner: LoadPlanner) -> _Direct:
+        """Where a large slice is received: its target's own memory where that is a
+        contiguous CPU tensor of its type, else a buffer of its own."""
         if item.type == LoadItemType.BYTE_IO:
-            return None
+            return _Direct(item, torch.empty(size, dtype=torch.uint8), None, in_place=False)
         target = planner.resolve_tensor(item).detach()
-        fits = target.device.type == "cpu" and target.is_contiguous()
-        return target if fits and target.dtype == self._dtype(item) else None
+        cpu = target.device.type == "cpu"
+        if cpu and target.is_contiguous() and target.dtype == self._dtype(item):
+            return _Direct(item, _bytes_of(target), target, in_place=True)
+        return _Direct(item, torch.empty(size, dtype=torch.uint8), target, in_place=False)
 
     def _unpack(self, box: _Inbox, planner: LoadPlanner) -> None:
         """Deliver what came from one source: the packed slices cut apart, the large ones."""
         offset = 0
-        for item in box.packed:
-            size = self._read_size(item)
+        for item, size in box.packed:
             self._deliver(item, box.packed_buffer[offset : offset + size], planner)
             offset += size
-        for item, buf, target in box.direct:
-            if target is None:
-                self._deliver(item, buf, planner)
-            else:  # received in place
-                planner.commit_tensor(item, target)
+        for d in box.direct:
+            if d.in_place:
+                assert d.target is not None
+                planner.commit_tensor(d.item, d.target)
+            else:
+                self._deliver(d.item, d.buffer, planner, target=d.target)
 
     def _read_size(self, item: ReadItem) -> int:
         if item.type == LoadItemType.BYTE_IO:
             return self._where(item.storage_index).nbytes
-        itemsize = torch.empty((), dtype=self._dtype(item)).element_size()
         numel = 1
         for n in item.lengths:
             numel *= n
-        return numel * itemsize
+        return numel * self._dtype(item).itemsize
 
     def _dtype(self, item: ReadItem) -> torch.dtype:
         meta = self._metadata.state_dict_metadata[item.storage_index.fqn]
@@ -375,14 +386,13 @@ class PeerReader(StorageReader):
         return meta.properties.dtype
 
     def _slice(
-        self, index: MetadataIndex, offsets: torch.Size, lengths: torch.Size, *, whole: bool
+        self, index: MetadataIndex, offsets: torch.Size, lengths: torch.Size
     ) -> torch.Tensor:
         """A held chunk's bytes, or the slice of it at ``offsets`` of ``lengths``, flat (to
         send: a copy only where the slice is strided)."""
         piece = self._piece(index, offsets, lengths)
         if isinstance(piece, bytes):
             return torch.frombuffer(bytearray(piece), dtype=torch.uint8)
-        assert not whole
         return _bytes_of(piece.contiguous())
 
     def _piece(
@@ -406,22 +416,39 @@ class PeerReader(StorageReader):
         piece = self._piece(item.storage_index, item.storage_offsets, item.lengths)
         if isinstance(piece, bytes):
             planner.load_bytes(item, io.BytesIO(piece))
-            return
-        target = planner.resolve_tensor(item).detach()
-        target.copy_(piece)
-        planner.commit_tensor(item, target)
+        else:
+            _copy_into(item, piece, planner)
 
-    def _deliver(self, item: ReadItem, data: torch.Tensor, planner: LoadPlanner) -> None:
-        """A received item (flat bytes) into its target."""
+    def _deliver(
+        self,
+        item: ReadItem,
+        data: torch.Tensor,
+        planner: LoadPlanner,
+        *,
+        target: torch.Tensor | None = None,
+    ) -> None:
+        """A received item (flat bytes) into its target (``target`` where already resolved)."""
         if item.type == LoadItemType.BYTE_IO:
             planner.load_bytes(item, io.BytesIO(data.numpy().tobytes()))
             return
         dtype = self._dtype(item)
         if data.storage_offset() % dtype.itemsize:  # packed after an odd-sized slice
             data = data.clone()
+        _copy_into(item, data.view(dtype).reshape(tuple(item.lengths)), planner, target=target)
+
+
+def _copy_into(
+    item: ReadItem,
+    source: torch.Tensor,
+    planner: LoadPlanner,
+    *,
+    target: torch.Tensor | None = None,
+) -> None:
+    """``source`` (``item``'s values, in its shape) into its target, then loaded."""
+    if target is None:
         target = planner.resolve_tensor(item).detach()
-        target.copy_(data.view(dtype).reshape(tuple(item.lengths)))
-        planner.commit_tensor(item, target)
+    target.copy_(source)
+    planner.commit_tensor(item, target)
 
 
 def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
