@@ -22,15 +22,10 @@ NOW = datetime(2030, 1, 1, tzinfo=UTC)
 def held(count: int, *, terminating: int = 0) -> dict[str, PodFacts]:
     """``count`` workers of this job, the last ``terminating`` of them being deleted (only
     their state matters here)."""
-    facts: dict[str, PodFacts] = {}
-    for i in range(count):
-        state = WorkerState.TERMINATING if i >= count - terminating else WorkerState.READY
-        view = WorkerView(pod=PodName(f"gpt-w-{i}"), slot=i, state=state, since=NOW)
-        facts[view.pod] = PodFacts(
-            view=view, raw={}, assignment="", assignment_version=0, ip=None, bound=True,
-            node_gone=False, gated=False, exit_code=None,
-        )  # fmt: skip
-    return facts
+    return on_nodes(*(
+        (f"n{i}", WorkerState.TERMINATING if i >= count - terminating else WorkerState.READY, False)
+        for i in range(count)
+    ))  # fmt: skip
 
 
 def starved(
