@@ -202,6 +202,28 @@ def test_passes_across_jobs_are_bounded_and_stop_all_ends_every_loop(
     assert all(t.done() for t in tasks) and not rt.loops
 
 
+def test_stop_all_ends_the_background_tasks_and_what_they_wait_on() -> None:
+    """Kopf waits 5 s for tasks started after its own before it cancels them: a ``wait_for``
+    in an informer or the leader election is such a task (Python 3.11 wraps its awaitable in
+    one), so every SIGTERM took 5 s until stop_all ended them first."""
+    rt = runtime()
+
+    async def idle() -> None:  # an informer between two events
+        await asyncio.wait_for(asyncio.Event().wait(), timeout=3600)
+
+    async def main() -> set[asyncio.Task[Any]]:
+        before = asyncio.all_tasks()
+        rt.background = [asyncio.create_task(idle()), asyncio.create_task(idle())]
+        await asyncio.sleep(0)  # both reach their wait_for
+        async with asyncio.timeout(10):
+            await rt.stop_all()
+        return asyncio.all_tasks() - before
+
+    left = asyncio.run(main())
+    assert all(t.cancelled() for t in rt.background)
+    assert not left, f"tasks still running after stop_all: {left}"
+
+
 def woken(rt: Runtime) -> set[tuple[str, str]]:
     """The jobs whose loops were woken, cleared for the next step."""
     found = {key for key, loop in rt.loops.items() if loop.wake.is_set()}

@@ -80,6 +80,8 @@ class Runtime:
     leader: LeaderElector
     progress: ProgressReader | None = None
     loops: dict[JobKey, JobLoop] = field(default_factory=dict)
+    background: list[asyncio.Task[Any]] = field(default_factory=list)
+    """The operator's own long-running tasks (informers, leader election, node checks)."""
     passes: asyncio.Semaphore = field(init=False)
     """Taken by every pass (``settings.passes_at_once`` of them)."""
 
@@ -141,11 +143,17 @@ class Runtime:
             loop.wake.set()
 
     async def stop_all(self) -> None:
-        """Stop every job's loop and wait until they have ended (the operator shuts down)."""
+        """Stop every job's loop, then the background tasks, and wait until they have ended
+        (the operator shuts down). Kopf gives tasks started after its own a grace period of
+        5 s before it cancels them, and ours only end when cancelled (a ``wait_for`` inside
+        one of them is such a task): without this every SIGTERM took 5 s."""
         tasks = [loop.task for loop in self.loops.values()]
         for key in list(self.loops):
             self.forget(key)
         await asyncio.gather(*tasks, return_exceptions=True)
+        for task in self.background:
+            task.cancel()
+        await asyncio.gather(*self.background, return_exceptions=True)
 
     def forget(self, key: JobKey) -> None:
         """Stop a deleted job's loop and drop what was kept about it."""

@@ -117,6 +117,7 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
         kube, snapshot, leader=leader, settings=rt.settings, wake_jobs=rt.poke_all
     )
     informing.append(asyncio.create_task(liveness.run(), name="node liveness"))
+    rt.background = [electing, *informing]
     registry = kopf.OperatorRegistry()
     register(registry)
     _register_login(registry, options.connection)
