@@ -43,7 +43,12 @@ def run(cluster: LocalCluster) -> Iterator[str]:
     try:
         yield run_id
     finally:
-        cluster.kubectl("delete", "nodes", "-l", f"{RUN_LABEL}={run_id}", check=False)
+        # One DELETE of the collection and a list until it is empty: `kubectl delete -l`
+        # deletes and then waits for each node in turn, 39 s for this run's nodes.
+        selector = f"{RUN_LABEL}={run_id}"
+        cluster.kubectl("delete", "nodes", "-l", selector, "--wait=false", check=False)
+        wait_for("this run's nodes gone", lambda: not _listed(cluster, "nodes", selector),
+                 timeout=60)  # fmt: skip
 
 
 def _create(cluster: LocalCluster, objects: list[dict[str, Any]], *, namespace: str = "") -> None:
