@@ -1,7 +1,7 @@
 """A steady job costs the API server nothing: passes read the informers' caches.
 
 The operator's own counter (``elastra_api_requests_total``, by verb and resource, scraped
-from its metrics endpoint) is read before and after a 60 s window in which a placed, running
+from its metrics endpoint) is read before and after a 35 s window in which a placed, running
 job has nothing to do, while passes keep running every 5 s (``--resync-seconds=5``) from the
 caches. Every request Elastra's client makes is counted, watches included: a watch opened
 before the window and still open is not a request in it, one reopened in it is (verb WATCH).
@@ -29,7 +29,7 @@ from tests.integration.operator.conftest import (
     http_get,
 )
 
-WINDOW_S = 60.0
+WINDOW_S = 35.0
 WATCHES_LAST_S = 300.0
 """The shortest watch the informers ask for (half of the default ``watch_timeout``)."""
 SAMPLE = re.compile(r"^elastra_api_requests_total\{([^}]*)\} ([0-9.e+]+)$", re.M)
