@@ -224,6 +224,24 @@ def test_stop_all_ends_the_background_tasks_and_what_they_wait_on() -> None:
     assert not left, f"tasks still running after stop_all: {left}"
 
 
+def test_no_job_loop_starts_once_stopping() -> None:
+    """An informer's event while stop_all waits for the loops used to start a new loop, which
+    then planned from caches no longer fed: frozen node leases read as lost nodes, and a
+    stopping operator wrote worlds of 0 workers (WorkerLost)."""
+    rt = runtime()
+
+    async def main() -> None:
+        rt.ensure(("ns", "old"))
+        stopping = asyncio.create_task(rt.stop_all())
+        await asyncio.sleep(0)  # stop_all is waiting for the old loop to end
+        rt.on_job("ADDED", None, {"metadata": {"namespace": "ns", "name": "new"}})
+        async with asyncio.timeout(10):
+            await stopping
+
+    asyncio.run(main())
+    assert not rt.loops, f"loops left after stop_all: {sorted(rt.loops)}"
+
+
 def woken(rt: Runtime) -> set[tuple[str, str]]:
     """The jobs whose loops were woken, cleared for the next step."""
     found = {key for key, loop in rt.loops.items() if loop.wake.is_set()}

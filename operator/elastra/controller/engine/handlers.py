@@ -82,6 +82,9 @@ class Runtime:
     loops: dict[JobKey, JobLoop] = field(default_factory=dict)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
     """The operator's own long-running tasks (informers, leader election, node checks)."""
+    stopping: bool = False
+    """Set by ``stop_all``: no job loop starts after it (an informer's event would start one
+    that plans from caches no longer fed, where silent leases read as lost nodes)."""
     passes: asyncio.Semaphore = field(init=False)
     """Taken by every pass (``settings.passes_at_once`` of them)."""
 
@@ -123,7 +126,9 @@ class Runtime:
         self.poke_all()
 
     def ensure(self, key: JobKey) -> None:
-        """Start the job's loop if it is not running, and wake it."""
+        """Start the job's loop if it is not running, and wake it (not once stopping)."""
+        if self.stopping:
+            return
         loop = self.loops.get(key)
         if loop is None or loop.task.done():
             wake = asyncio.Event()
@@ -147,6 +152,7 @@ class Runtime:
         (the operator shuts down). Kopf gives tasks started after its own a grace period of
         5 s before it cancels them, and ours only end when cancelled (a ``wait_for`` inside
         one of them is such a task): without this every SIGTERM took 5 s."""
+        self.stopping = True
         tasks = [loop.task for loop in self.loops.values()]
         for key in list(self.loops):
             self.forget(key)
