@@ -43,8 +43,8 @@ def run(cluster: LocalCluster) -> Iterator[str]:
     try:
         yield run_id
     finally:
-        # One DELETE of the collection and a list until it is empty: `kubectl delete -l`
-        # deletes and then waits for each node in turn, 39 s for this run's nodes.
+        # The deletes without kubectl's wait, then one list until none is left: `kubectl
+        # delete -l` waiting deletes and then waits for each node in turn, 39 s here.
         selector = f"{RUN_LABEL}={run_id}"
         cluster.kubectl("delete", "nodes", "-l", selector, "--wait=false", check=False)
         wait_for("this run's nodes gone", lambda: not _listed(cluster, "nodes", selector),
