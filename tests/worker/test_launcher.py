@@ -214,6 +214,40 @@ def test_failed_worlds_name_the_pod_and_its_exit_code(tmp_path: Path) -> None:
     )
 
 
+# Plays a Session trainer whose world stops at its own step: it parks there and saves only once
+# the agent asks it to stop with no next world; the first time, it dies in that save.
+PARKS_THEN_FAILS_ONCE = """
+    import json, os, pathlib, sys, time
+    a = json.loads(os.environ["ELASTRA_ASSIGNMENT_JSON"])
+    ctl = pathlib.Path(os.environ["ELASTRA_CONTROL_DIR"])
+    stop, version = a["stopAtStep"], a["worldVersion"]
+    if a["rank"] == 0:
+        with open(os.environ["ELASTRA_STEP_LOG"], "a") as f:
+            f.write(json.dumps({"step": stop - 1, "worldVersion": version}) + "\\n")
+    (ctl / "status-0.json").write_text(json.dumps({"state": "parked", "step": stop,
+        "checkpointStep": None, "worldVersion": version}))
+    while not (ctl / "stop").exists():
+        time.sleep(0.05)
+    died = pathlib.Path(a["checkpoint"]["path"]) / f"died-{a['rank']}"
+    if not died.exists():
+        died.parent.mkdir(parents=True, exist_ok=True)
+        died.write_text("")
+        sys.exit(1)  # killed in the final save
+    (ctl / "status-0.json").write_text(json.dumps({"state": "stopped", "step": stop,
+        "checkpointStep": stop, "worldVersion": version}))
+"""
+
+
+def test_a_failure_in_the_final_stop_runs_the_last_world_again(tmp_path: Path) -> None:
+    proc, records, _ = launch(
+        tmp_path, "1:0", py(PARKS_THEN_FAILS_ONCE), extra=["--steps", "3"], timeout=90
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "pod 0's agent exited with code 75 at the end" in proc.stderr, proc.stderr[-3000:]
+    # the world that parked at step 3, then a new one that reached it again and stopped cleanly
+    assert [r["worldVersion"] for r in records] == [1, 3], records
+
+
 def test_a_model_prepare_cannot_shard_fails_once_with_its_line(tmp_path: Path) -> None:
     """Before: FSDP's TypeError was a crash, retried in six new worlds. Now the trainer exits
     with the permanent code, and so do its agent and the launcher, after one world."""

@@ -61,6 +61,10 @@ WorldState = Literal["running", "finished", "done", "failed", "invalid"]
 SegmentEnd = Literal["stopped", "replaced", "done"]
 
 
+class _StopFailedError(RuntimeError):
+    """An agent exited with an error after the schedule's final stop (``Launcher._finish``)."""
+
+
 class LaunchError(RuntimeError):
     """The local run could not finish; the message says where it got stuck."""
 
@@ -394,6 +398,7 @@ class LocalLauncher:
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         try:
             reached = 0  # the step the last world stopped at by itself
+            last: Segment | None = None
             for seg in self.job.schedule:
                 if seg.until_s is not None and self._elapsed() >= seg.until_s:
                     log.warning("schedule entry %r skipped: its time is over", seg.entry)
@@ -401,12 +406,13 @@ class LocalLauncher:
                 if seg.stop_at_step is not None and seg.stop_at_step <= reached:
                     log.warning("schedule entry %r skipped: its steps are done", seg.entry)
                     continue
+                last = seg
                 end = self._run_segment(seg)
                 if end == "done":
                     break
                 if end == "stopped" and seg.stop_at_step is not None:
                     reached = seg.stop_at_step
-            self._stop_all()
+            self._finish(last)
             return exitcodes.OK
         finally:
             self._kill_all()
@@ -429,14 +435,7 @@ class LocalLauncher:
             if seg.until_s is not None and self._elapsed() >= seg.until_s:
                 return "replaced"
             if state == "failed":
-                self.failures += 1
-                if self.failures > self.job.max_failed_worlds:
-                    raise LaunchError(
-                        f"more than {self.job.max_failed_worlds} failed worlds, giving up; "
-                        f"the last: {why}"
-                    )
-                log.warning("world version %d failed (%s): starting a new one", self.version, why)
-                self._consume_faults()
+                self._count_failure(why)
                 self._new_world(seg)  # bump first, then restart the dead agents
                 deadline = time.monotonic() + self.job.world_timeout_s
             elif time.monotonic() > deadline:
@@ -445,6 +444,32 @@ class LocalLauncher:
                     f"finish within {self.job.world_timeout_s:.0f}s: {why}"
                 )
             time.sleep(0.1)
+
+    def _count_failure(self, why: str) -> None:
+        """One more failed world (``LaunchError`` past ``--max-failed-worlds``)."""
+        self.failures += 1
+        if self.failures > self.job.max_failed_worlds:
+            raise LaunchError(
+                f"more than {self.job.max_failed_worlds} failed worlds, giving up; the last: {why}"
+            )
+        log.warning("world version %d failed (%s): starting a new one", self.version, why)
+        self._consume_faults()
+
+    def _finish(self, last: Segment | None) -> None:
+        """Stop every pod at the end of the schedule. A world parked at its stop step commits
+        that step only once it learns no world follows (``carry.save_or_hold``), so a trainer
+        can still fail here: then the last world runs again from the newest checkpoint, as any
+        failed world does, until a stop ends cleanly."""
+        while True:
+            try:
+                self._stop_all()
+                return
+            except _StopFailedError as err:
+                if last is None:
+                    raise LaunchError(str(err)) from None
+                self._count_failure(str(err))
+            if self._run_segment(last) == "done":
+                last = None  # its trainers finished by themselves: nothing left to run again
 
     def _stop_all(self) -> None:
         self.version += 1
@@ -461,7 +486,7 @@ class LocalLauncher:
                 raise LaunchError(f"pod {pod.index}'s agent did not exit after stop") from err
             if code != 0:
                 phase = pod.agent_state().get("phase")
-                raise LaunchError(
+                raise _StopFailedError(
                     f"pod {pod.index}'s agent exited with code {code} at the end (phase {phase!r})"
                 )
 
