@@ -12,7 +12,9 @@ resharded from the members' memory, the part the leaving member held from the ch
 committed at the stop, the joiner's from the member). The
 step time is the median time between two steps inside a world; a resize's downtime is the time
 from the old world's last step to the new world's first step, minus one step. It is split, from
-the trainers' own log lines, into stop + checkpoint (to the commit of the stop step), state (to
+the trainers' own log lines, into stop + checkpoint (to the commit of the stop step, or where a
+survivor carries the state, to rank 0's line saying it holds that step unsaved: the new world
+commits it in the background), state (to
 rank 0's line saying where its state came from: a restart, rendezvous and load from storage,
 or a rendezvous and a transfer from peers) and the rest (the first step's extra work).
 
@@ -198,7 +200,7 @@ def report(run: Run, *, entries: Sequence[str], loopback: float, state: int) -> 
         last, first = worlds[old][-1], worlds[new][0]
         t_last, t_first = run.arrivals[last][0], run.arrivals[first][0]
         downtime = t_first - t_last - step_s
-        commit = first_after(t_last, rf"rank 0 committed step {last + 1}\b")
+        commit = first_after(t_last, rf"rank 0 (committed|holds) step {last + 1}\b")
         resumed = first_after(t_last, r"rank 0 (restored|resumed) step")
         parts = ""
         if commit and resumed:

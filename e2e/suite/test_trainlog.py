@@ -98,20 +98,21 @@ def test_resumes_pair_each_restore_with_the_newest_commit_across_pods() -> None:
 
 
 LOG_MEMORY = """\
-2026-12-05 07:25:01,100 api rank 0 committed step 68 (0.6 MB in 0.18s)
+2026-12-05 07:24:50,100 checkpoint rank 0 committed step 60 in the background (0.6 MB in 0.18s)
 2026-12-05 07:25:01,400 carry rank 0 resumed step 68 from memory into a world of 2 (world v2, \
 plan dp2tp1pp1; rank 0 of world v1 before)
-2026-12-05 07:25:40,000 api rank 0 committed step 1070 (0.6 MB in 0.18s)
+2026-12-05 07:25:01,700 checkpoint rank 0 committed step 68 in the background (0.6 MB in 0.18s)
 2026-12-05 07:25:40,300 carry rank 0 resumed step 1070 from peers (rank 1 sent 0.3 MB in \
 0.01s) into a world of 3 (plan dp3tp1pp1)
 """
 
 
 def test_a_world_that_kept_its_state_in_memory_or_took_it_from_peers_is_a_resume() -> None:
+    # the stop saved nothing: each new world commits the step it resumed from after it
     found = resumes(LOG_MEMORY.splitlines())
     assert [(r.step, r.world_size, r.last_committed) for r in found] == [
-        (68, 2, 68),
-        (1070, 3, 1070),
+        (68, 2, 60),
+        (1070, 3, 68),
     ]
     check_resumes(found)
 

@@ -24,6 +24,8 @@ import torch
 
 from elastra_worker.agent import IN_MEMORY_RESIZE_ENV
 from elastra_worker.assignment import Assignment, AssignmentError, parse_assignment
+from elastra_worker.launcher import LocalJob
+from elastra_worker.layout import Manifest, job_root, step_dir_name
 from elastra_worker.session.carry import offered_after, why_not_carried
 from elastra_worker.session.data import DataPosition
 from elastra_worker.session.model import CPU_DDP_ENV, REBINDABLE_ATTR, ModelParts
@@ -54,6 +56,9 @@ class Case:
     stored: str = ""
     """A pattern of the only files of the checkpoint the in-memory run reads, if any: the part
     of the state a member that left held (the rest from the members' memory)."""
+    held: bool = False
+    """A survivor carries the whole state into the second world in its own process: the
+    in-memory run's first world saves nothing at its stop, the second commits that step."""
 
 
 SHRUNK = "rank 0 resumed step 10 from memory"
@@ -61,13 +66,15 @@ GROWN = "rank 1 resumed step 10 from peers (rank 0"
 RERUN = "rank 0 runs its script again for world v2:"
 RESHARDED = "resumed step 10 resharded from the members' memory"
 REBUILT = "rank 0 rebuilt its DDP module over world v2"
+HELD = "rank 0 holds step 10 in memory for the next world: no save at this stop"
 """Only a DDP module is rebuilt: a bare one (``ELASTRA_CPU_DDP`` ignored) would not say it."""
 
 CASES = [
-    Case("shrink", f"2:0,1:{RESIZE_AT}", "memory", (SHRUNK,)),
-    Case("grow", f"1:0,2:{RESIZE_AT}", "memory", (GROWN,)),
+    Case("shrink", f"2:0,1:{RESIZE_AT}", "memory", (SHRUNK, HELD), held=True),
+    Case("grow", f"1:0,2:{RESIZE_AT}", "memory", (GROWN, HELD), held=True),
     Case("plan change", f"2:0,2:{RESIZE_AT}:mb=1", "memory",  # micro-batches of 1, not 2
-         ("rank 0 resumed step 10 from memory into a world of 2",), micro_batch_after=1),
+         ("rank 0 resumed step 10 from memory into a world of 2", HELD), micro_batch_after=1,
+         held=True),
     # what cannot move in memory restarts through the checkpoint, saying why
     # a plan bound to its mesh: the script runs again in its process and the state comes,
     # resharded, from the members' memory; a member that left took its part: from storage
@@ -90,9 +97,9 @@ CASES = [
          ("restarts for world v2: the plan's recompute changes from none to full",)),
     # DDP, as GPU jobs run it (here on gloo): rebuilt over the new world in place
     Case("shrink ddp", f"2:0,1:{RESIZE_AT}", "memory", (SHRUNK, f"{REBUILT} (world size 1)"),
-         env={CPU_DDP_ENV: "1"}),
+         env={CPU_DDP_ENV: "1"}, held=True),
     Case("grow ddp", f"1:0,2:{RESIZE_AT}", "memory", (GROWN, f"{REBUILT} (world size 2)"),
-         env={CPU_DDP_ENV: "1"}),
+         env={CPU_DDP_ENV: "1"}, held=True),
 ]  # fmt: skip
 
 
@@ -135,6 +142,12 @@ def run(tmp: Path, case: Case, *, in_memory: bool) -> tuple[LocalRun, list[str]]
     return result, [line for line in reads if "/step-" in line]
 
 
+def committed_by(tmp: Path) -> int:
+    """The world version that committed the checkpoint of step ``RESIZE_AT`` in a run."""
+    step = job_root(tmp / "ckpt", LocalJob.job) / step_dir_name(RESIZE_AT)
+    return Manifest.read(step).world_version
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_a_resize_in_memory_trains_what_the_volume_path_trains(
@@ -156,6 +169,10 @@ def test_a_resize_in_memory_trains_what_the_volume_path_trains(
         assert after["microBatchSize"] == case.micro_batch_after
         assert before["microBatchSize"] == MICRO_BATCH
     assert volume.by_step()[RESIZE_AT]["stateFrom"] == "storage"
+    # who committed the step of the resize: the first world at its stop, or (held) the second
+    assert committed_by(tmp_path / "memory") == (2 if case.held else 1)
+    assert committed_by(tmp_path / "volume") == 1
+    assert (f"rank 0 committed step {RESIZE_AT} (" in memory.output) is not case.held
     for line in case.says:
         assert line in memory.output, memory.output[-3000:]
     if not case.env:  # a bare module (CPU) is never rebuilt

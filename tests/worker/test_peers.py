@@ -1,5 +1,6 @@
 """State from a peer: what rank 0 holds arrives bit for bit in the others' tensors, with its size;
-the source is the lowest rank holding the newest step; a receiver laid out otherwise is refused."""
+the source is the lowest rank holding the newest step; a receiver laid out otherwise is refused;
+one rank's flag reaches every rank."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from elastra_worker.session.peers import (
     LayoutMismatchError,
     Spec,
     _batches,
+    agree_any,
     agree_source,
     share_state,
 )
@@ -111,6 +113,22 @@ def test_the_source_is_the_lowest_rank_with_the_newest_step(
         assert steps == tuple(held)
     holders = Holders(tuple(held))
     assert (holders.source, holders.all_hold) == (source, all_hold)
+
+
+def _any(rank: int, world: int, flags: list[bool]) -> bool:
+    return agree_any(flags[rank])
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ([False, False, False], False),  # nobody carries the state: the old world saves
+        ([False, True, False], True),  # one member carries it: every rank learns so
+        ([True, True, True], True),
+    ],
+)
+def test_any_ranks_flag_is_known_to_all(flags: list[bool], expected: bool) -> None:
+    assert run_world(_any, 3, flags) == [expected] * 3
 
 
 @pytest.mark.parametrize(

@@ -419,7 +419,10 @@ class CheckpointSpec(ApiModel):
         default=600,
         ge=10,
         le=86400,
-        description="Seconds between periodic checkpoints (a resize also checkpoints first).",
+        description=(
+            "Seconds between periodic checkpoints (a resize also checkpoints first, or, where "
+            "a staying worker carries the state into the next world, that world does)."
+        ),
     )
     keep: int = Field(default=3, ge=1, le=100, description="Committed checkpoints kept.")
     asynchronous: bool = Field(
@@ -428,9 +431,12 @@ class CheckpointSpec(ApiModel):
             "Write periodic checkpoints in the background: training stops only while the state "
             "is copied to host memory (about one copy of the worker's model and optimizer "
             "state), then a thread writes and commits it. A checkpoint due while the previous "
-            "one is still being written waits for it. The checkpoint before a resize, a stop "
-            "or SIGTERM is always complete and committed before the worker exits. Set false "
-            "where host memory cannot hold that copy, or to block training for every save."
+            "one is still being written waits for it. The checkpoint before a stop or SIGTERM "
+            "is complete and committed before the worker exits; at a resize where a staying "
+            "worker carries the whole state into the next world in memory, nobody saves at the "
+            "stop and the new world writes that step in the background. Set false where host "
+            "memory cannot hold that copy, or to block training for every save (a resize then "
+            "commits its step before the old world ends)."
         ),
     )
 

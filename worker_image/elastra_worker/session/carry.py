@@ -3,13 +3,22 @@
 Why: restarting a trainer on every resize costs a process start, an import, a rendezvous and a
 read of the whole state back from storage, and that read grows with the model. A trainer whose
 pod stays in the next world (same number of trainers) needs none of that but the rendezvous:
-at the step boundary its old world agreed to stop at (and committed, the durable copy), it
-leaves the old process group, joins the new version's in the same process (a fresh rendezvous
-namespace, as a new process would), and keeps training the model and optimizer it holds; the
-data position is the step count and the order does not depend on the world size, so the new
-world's shares follow from the new rank alone. Members the new world lacks state for (a grow's
-new pods, a restarted trainer) take it from the survivors over the new group
-(``CheckpointManager.share_with_joiners``) instead of reading the checkpoint.
+at the step boundary its old world agreed to stop at, it leaves the old process group, joins
+the new version's in the same process (a fresh rendezvous namespace, as a new process would),
+and keeps training the model and optimizer it holds; the data position is the step count and
+the order does not depend on the world size, so the new world's shares follow from the new
+rank alone. Members the new world lacks state for (a grow's new pods, a restarted trainer) take
+it from the survivors over the new group (``CheckpointManager.share_with_joiners``) instead of
+reading the checkpoint.
+
+Such a resize saves nothing on its critical path. The stop's save waits until every member of
+the old world knows its next world (``save_or_hold``, one vote over the old group): where one
+member carries the whole state into it in its own process, nobody saves; the new world, once
+formed, stages the step and commits it in the background (``commit_held``), and until that
+commit the newest checkpoint before it is the durable copy (a resize that fails in between
+resumes from there and trains the steps since again, on the same samples). Otherwise (every
+member restarts, a plan bound to its mesh, ``checkpoint.asynchronous: false``) the old world
+commits the step before anyone leaves it, as a restart through the volume needs.
 
 The agent offers the next assignment in the control folder (``next.json``) before it asks for
 the stop; a trainer reports ``continued`` there and the agent keeps it. A world that ends at its
@@ -30,6 +39,7 @@ from ..mesh import needs_mesh
 from . import kept, rerun
 from .data import DataPosition
 from .model import ModelParts, rebind, rebindable
+from .peers import agree_any
 from .world import World
 
 if TYPE_CHECKING:
@@ -111,6 +121,17 @@ def why_not_carried(
     return None
 
 
+def save_or_hold(world: World, uses: StepParts, *, carries: bool) -> None:
+    """The old world's deferred save, once every member knows its next world: none where a
+    member carries the whole state into the next world in its own process (``carries`` on
+    any rank; that world commits it in the background), else the blocking save the stop
+    would have made. Collective over the old world, before anyone leaves it."""
+    if agree_any(carries, group=world.group):
+        uses.checkpoints.hold()
+    else:
+        uses.checkpoints.save(wait=True)
+
+
 PARK_POLL_S = 0.05
 """How often a parked trainer looks for the agent's offer or stop (two ``stat`` calls)."""
 
@@ -178,14 +199,19 @@ def offered_after(world: World, raw: str | None) -> Assignment | None:
     return new if new.world_version > world.assignment.world_version else None
 
 
-def move_to_next_world(world: World, parts: ModelParts, uses: StepParts) -> bool:
-    """After the old world's agreed stop (committed): join the offered next world in this
-    process and share the state with its joiners; ``False`` (nothing changed) where the
-    trainer must restart instead."""
-    new = next_world(world, uses)
+def move_to_next_world(
+    world: World, parts: ModelParts, uses: StepParts, *, unsaved: bool, leaving: bool
+) -> bool:
+    """After the old world's agreed stop: join the offered next world in this process and
+    share the state with its joiners; ``False`` (nothing changed) where the trainer must
+    restart instead. ``unsaved``: the stop deferred its save (``save_or_hold``); ``leaving``:
+    this trainer got SIGTERM after the stop was agreed, so it goes nowhere."""
+    new = None if leaving else next_world(world, uses)
+    why = None if new is None else why_not_carried(world, parts, uses.data, new)
+    if unsaved:
+        save_or_hold(world, uses, carries=new is not None and why is None)
     if new is None:
         return False
-    why = why_not_carried(world, parts, uses.data, new)
     if why is not None and needs_rerun(world.assignment, new) and kept.holding():
         _report_continued(world, uses, new)
         log.info("rank %d runs its script again for world v%d: %s", world.rank,
@@ -202,6 +228,7 @@ def move_to_next_world(world: World, parts: ModelParts, uses: StepParts) -> bool
     uses.checkpoints.open()
     rebind(world, parts)
     uses.checkpoints.share_with_joiners()
+    uses.checkpoints.commit_held()
     uses.recorder.clock.moved(new.world_version)
     log.info(
         "rank %d resumed step %d from memory into a world of %d (world v%d, plan %s; rank %d "

@@ -38,7 +38,7 @@ from . import kept
 from .data import DataPosition
 from .model import ModelParts
 from .peerdcp import HeldState, PeerReader, save_in_memory
-from .peers import NOTHING_HELD, Transfer, agree_source, share_state
+from .peers import NOTHING_HELD, Transfer, agree_any, agree_source, share_state
 from .state import ExtraState, Settings
 from .world import World
 
@@ -171,6 +171,7 @@ class CheckpointManager:
         if holders.source is not None:
             found = self._receive(holders.source, handoff)
             if found is not None:
+                self.commit_held()
                 return found
         ckpt = self.checkpointer
         manifest = ckpt.find_loadable()
@@ -301,8 +302,9 @@ class CheckpointManager:
         return manifest
 
     def _adopt_committed(self, manifest: Manifest, *, state_from: str) -> None:
-        """A step taken from peers: timed for the resize's downtime; the survivors committed
-        it at the stop (kept by prune)."""
+        """A step taken from peers: timed for the resize's downtime; taken as committed, as
+        the old world committed it at the stop (kept by prune), unless ``commit_held`` learns
+        that the old world moved on without saving it."""
         self._clock.restored(manifest.world_version, manifest.extra, state_from=state_from)
         ckpt = self.checkpointer
         ckpt.last_committed_step = ckpt.restored_step = manifest.step
@@ -384,6 +386,38 @@ class CheckpointManager:
             )
         self.last_save_time = time.monotonic()
 
+    def hold(self) -> None:
+        """Move on without saving the current step: a member carries the whole state into the
+        next world in its own process (``carry.py``), where it is this rank's ``held`` step and
+        that world writes it in the background (``commit_held``). Until then the newest
+        committed checkpoint is the durable copy."""
+        self.held = self._manifest()
+        log.info("rank %d holds step %d in memory for the next world: no save at this stop",
+                 self._world.rank, self.held.step)  # fmt: skip
+
+    def commit_held(self) -> None:
+        """In a new world whose state came from memory or peers: where the old world moved on
+        without committing the held step (``hold``), stage it now and write and commit it in
+        the background, with the old world's manifest fields (its last step's end, for the
+        downtime of a later restore). Collective: a joiner cannot know, the survivors tell it."""
+        held, ckpt = self.held, self.checkpointer
+        pending = held is not None and held.step != ckpt.last_committed_step
+        if not agree_any(pending, group=self._world.group) or held is None:
+            return
+        if ckpt.last_committed_step == held.step:  # a joiner took it as committed: not yet
+            ckpt.last_committed_step = None
+        state = self._state_to_save()
+        start = time.perf_counter()
+        if self._async_group is not None:
+            ckpt.save_async(state, step=held.step, extra=dict(held.extra), group=self._async_group)
+        else:
+            ckpt.save(state, step=held.step, extra=dict(held.extra))
+        self._blocking_s = time.perf_counter() - start
+        self.last_save_time = time.monotonic()
+        log.info("rank %d staged step %d, held since the last world, in %.2fs; its durable copy "
+                 "follows in the background", self._world.rank, held.step,
+                 self._blocking_s)  # fmt: skip
+
     def keep_in_memory(self) -> kept.Handoff:
         """This rank's part of the current step's whole state, copied to host memory, for
         the next run of the script in this process (``rerun.py``). Collective: at a stop,
@@ -396,14 +430,21 @@ class CheckpointManager:
         return kept.Handoff(held, manifest)
 
     def _snapshot(self) -> tuple[dict[str, Any], Manifest]:
-        """The state to save at the current step (model, optimizer, blobs, data position)
-        and its manifest (no files yet)."""
+        """The state to save at the current step and its manifest (no files yet)."""
+        return self._state_to_save(), self._manifest()
+
+    def _state_to_save(self) -> dict[str, Any]:
+        """The whole state at the current step: model, optimizer, blobs, data position."""
         if not self._parts.parts or not self._parts.optimizers:
             raise RuntimeError("call session.restore(model, optimizer) before checkpointing")
-        step = self._data.step
         state, _ = self._state()
         state.update(self._extra.to_save())
-        state["data"] = {"step": step}
+        state["data"] = {"step": self._data.step}
+        return state
+
+    def _manifest(self) -> Manifest:
+        """The manifest of the current step (no files yet): what the next world learns of it."""
+        step = self._data.step
         extra = {
             **self._data.manifest_extra(),
             "consistency": self._world.consistency,
@@ -411,7 +452,7 @@ class CheckpointManager:
             **self._clock.manifest_extra(),
         }
         a = self._world.assignment
-        return state, Manifest(a.job, step, self._world.world_size, a.world_version, {}, extra)
+        return Manifest(a.job, step, self._world.world_size, a.world_version, {}, extra)
 
     def _wait_for_previous(self) -> None:
         """One save at a time, in step order: finish the one in flight (warn if it was slow)."""

@@ -51,6 +51,11 @@ class Decisions:
     keep: bool = False
     """Every member keeps its part of the state in memory at this stop: a member offered the
     next world will run its script again to enter it (``rerun.py``)."""
+    defer_save: bool = False
+    """The stop saves nothing yet: once every member knows its next world, the old world
+    either commits the step or, where a member carries the whole state into the next world
+    in its own process, leaves that world to commit it in the background
+    (``carry.save_or_hold``)."""
 
 
 class Micro:
@@ -165,6 +170,8 @@ class StepLoop:
         self._current: StepBatch | None = None
         self._decided: Decisions | None = None
         self._total: int | None = None
+        self._save_deferred = False
+        self._last_loss = float("nan")
         self._loss_sum = torch.zeros((), dtype=torch.float64)
 
     def report_exit(self) -> None:
@@ -193,9 +200,15 @@ class StepLoop:
         while True:
             if not self._nothing_to_do():
                 yield from self._world_steps()
-            if self.done or self.sigterm:
+            unsaved, self._save_deferred = self._save_deferred, False
+            if self.done or (self.sigterm and not unsaved):
                 return
-            if not move_to_next_world(self.world, self.parts, self.uses):
+            moved = move_to_next_world(
+                self.world, self.parts, self.uses, unsaved=unsaved, leaving=self.sigterm
+            )
+            if not moved:
+                if unsaved:  # the stop's step is committed now (or held by a member that moved)
+                    self._report_progress()
                 return
             self.stop_agreed = False
 
@@ -238,13 +251,20 @@ class StepLoop:
         decisions, self._decided = self._decided, None
         if decisions is None:
             return
-        if decisions.checkpoint:
+        if decisions.defer_save:
+            self._save_deferred = True
+        elif decisions.checkpoint:
             self.uses.checkpoints.save(wait=decisions.stop)
         if decisions.keep:
             kept.keep(self.uses.checkpoints.keep_in_memory())
+        self._last_loss = decisions.loss
+        self._report_progress()
+
+    def _report_progress(self) -> None:
+        """The newest step's progress for the agent, with what checkpoints cost so far."""
         self.uses.recorder.report_progress(
             step=self.uses.data.step,
-            loss=decisions.loss,
+            loss=self._last_loss,
             checkpoint=self.uses.checkpoints.progress(),
             tokens=self.uses.settings.tokens_per_sample,
         )
@@ -315,17 +335,25 @@ class StepLoop:
         rerun_next = may_rerun(self.world, control, asked=asked, at_stop_step=at_stop_step)
         votes = torch.tensor(
             [float(self._loss_sum), 1.0 if local_stop else 0.0, 1.0 if due else 0.0,
-             1.0 if rerun_next else 0.0],
+             1.0 if rerun_next else 0.0, 1.0 if self.sigterm else 0.0],
             dtype=torch.float64,
         )  # fmt: skip
         dist.all_reduce(votes, group=self.world.group)
         done = self._total is not None and step >= self._total
         stop = bool(votes[1] > 0) or done or at_stop_step
         every = a.checkpoint.interval_steps
+        keep = stop and not done and bool(votes[3] > 0)
         return Decisions(
             loss=float(votes[0]) if known_loss is None else known_loss,
             stop=stop,
             done=done,
             checkpoint=stop or bool(votes[2] > 0) or (every > 0 and step % every == 0),
-            keep=stop and not done and bool(votes[3] > 0),
+            keep=keep,
+            defer_save=stop and not done and not keep and bool(votes[4] == 0) and self._may_defer(),
         )
+
+    def _may_defer(self) -> bool:
+        """Whether a stop of this world may leave its save until the next world is known
+        (``Decisions.defer_save``): an agent that may offer it (a control folder) and saves
+        that may run in the background (``checkpoint.asynchronous``), the same on every rank."""
+        return self.uses.control is not None and self.uses.settings.async_checkpoint

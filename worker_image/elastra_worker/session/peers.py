@@ -88,6 +88,13 @@ def agree_source(held_step: int, *, group: dist.ProcessGroup | None = None) -> H
     return Holders(tuple(int(s) for s in steps))
 
 
+def agree_any(flag: bool, *, group: dist.ProcessGroup | None = None) -> bool:
+    """Whether any rank's ``flag`` is set, known to all (collective)."""
+    box = torch.tensor([1 if flag else 0], dtype=torch.int64)
+    dist.all_reduce(box, op=dist.ReduceOp.MAX, group=group)
+    return bool(int(box))
+
+
 def share_state(
     tensors: Mapping[str, torch.Tensor],
     *,
