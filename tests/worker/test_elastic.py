@@ -7,6 +7,7 @@ exactly the same samples per step.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -48,10 +49,13 @@ def test_bitwise_resize_4_2_3_matches_static_run(tmp_path: Path, static_run: Loc
 def test_data_mode_resize_and_crash_keep_the_sample_order(
     tmp_path: Path, static_run: LocalRun
 ) -> None:
-    # rank 2 is SIGKILLed in the middle of step 17; the world resumes from step 14
+    # rank 2 is SIGKILLed in the middle of step 17. The resizes at steps 7 and 14 moved in
+    # memory and commit their step in the background of the next world, so the world resumes
+    # from step 14, or from step 7 where step 14's commit was not through by the kill.
     run = run_local(tmp_path, "4:0,2:7,3:14", consistency="data", extra=["--fail", "2@17"])
     assert run.returncode == 0, run.output[-3000:]
-    assert "restored step 14" in run.output
+    restored = set(re.findall(r"restored step (\d+)", run.output))
+    assert restored in ({"14"}, {"7"}), run.output[-3000:]
     got, want = run.by_step(), static_run.by_step()
     assert sorted(got) == list(range(STEPS))
     for k in range(STEPS):
