@@ -80,10 +80,11 @@ def _world(group: dist.ProcessGroup | None) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _all_ok(ok: bool, group: dist.ProcessGroup | None) -> bool:
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    return bool(flag.item())
+def agree_all(flag: bool, *, group: dist.ProcessGroup | None = None) -> bool:
+    """Whether every rank's ``flag`` is set, known to all (collective)."""
+    box = torch.tensor([1 if flag else 0], dtype=torch.int64)
+    dist.all_reduce(box, op=dist.ReduceOp.MIN, group=group)
+    return bool(int(box))
 
 
 def _broadcast(obj: Any, group: dist.ProcessGroup | None) -> Any:
@@ -406,7 +407,7 @@ class Checkpointer:
                 except (CheckpointError, OSError) as err:
                     ok = False
                     log.warning("checkpoint step %d failed verification: %s", step, err)
-            if _all_ok(ok, self.group):
+            if agree_all(ok, group=self.group):
                 self.restored_step = step
                 self.verified.add(step)
                 return manifest

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..checkpoint import agree_all
+
 CHUNK_BYTES = 64 * 2**20
 """Bytes per broadcast: large enough that the per-collective cost vanishes, small enough that
 the staging buffer is a small fraction of the state."""
@@ -89,10 +91,8 @@ def agree_source(held_step: int, *, group: dist.ProcessGroup | None = None) -> H
 
 
 def agree_any(flag: bool, *, group: dist.ProcessGroup | None = None) -> bool:
-    """Whether any rank's ``flag`` is set, known to all (collective)."""
-    box = torch.tensor([1 if flag else 0], dtype=torch.int64)
-    dist.all_reduce(box, op=dist.ReduceOp.MAX, group=group)
-    return bool(int(box))
+    """Whether any rank's ``flag`` is set, known to all (collective): no rank's is unset."""
+    return not agree_all(not flag, group=group)
 
 
 def share_state(
