@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -377,3 +378,61 @@ def test_a_background_save_in_flight_completes_before_the_next_or_the_stop(
         assert got["trained"] == list(case.trained), f"rank {rank}"
         assert got["committed"] == list(case.committed), f"rank {rank}"
         assert got["latest"] == got["newest"] == case.committed[0], f"rank {rank}"
+
+
+SLOW_S, SHORT_TIMEOUT_S = 6.0, 2.0
+SLOW_MEMBER = {
+    # rank 1 writes every checkpoint (step 2 in the background, step 4 blocking at the end)
+    # for longer than the world's collective timeout
+    "save": Faults(save_delay_s=SLOW_S),
+    # rank 1 builds its model for longer than that before prepare(), whose DDP broadcasts
+    "model": Faults(),
+}
+
+
+def _train_with_a_slow_member(rank: int, world: int, root: Path, port: int, slow: str
+                              ) -> dict[str, Any]:  # fmt: skip
+    """Four steps of a tiny DDP model, checkpoints every 2 steps, rank 1 slow where ``slow``
+    says; what each rank trained and what was committed."""
+    os.environ["ELASTRA_CPU_DDP"] = "1"
+    a = parse_assignment({
+        "job": "slow", "worldVersion": 1, "rank": rank, "worldSize": world,
+        "masterAddr": "127.0.0.1", "masterPort": port, "plan": {"microBatchSize": 2},
+        "globalBatchSize": 8, "consistency": "data",
+        "checkpoint": {"path": str(root), "intervalSeconds": 0, "intervalSteps": 2, "keep": 3},
+    })  # fmt: skip
+    faults = SLOW_MEMBER[slow] if rank == 1 else Faults()
+    sess = Session(a, faults=faults, rendezvous_timeout_s=60,
+                   collective_timeout_s=SHORT_TIMEOUT_S, device=torch.device("cpu"))  # fmt: skip
+    trained: list[int] = []
+    with sess:
+        torch.manual_seed(0)
+        if rank == 1 and slow == "model":
+            time.sleep(SLOW_S)  # the fault: importing and loading weights, say
+        model = sess.prepare(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sess.restore(model, opt)
+        for batch in sess.batches(dataset_size=64, total_steps=4):
+            for micro in batch:
+                with micro.sync(model):
+                    x = torch.tensor(micro.samples, dtype=torch.float32).reshape(-1, 1) / 64
+                    micro.backward(model(x.repeat(1, 4)).pow(2).mean())
+            sess.step(opt)
+            trained.append(batch.step)
+        sess.wait_for_checkpoint()
+    return {"trained": trained, "committed": CheckpointRoot(root, job="slow").committed_steps()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slow", sorted(SLOW_MEMBER))
+def test_a_member_slower_than_the_collective_timeout_in_a_save_or_its_model_build_is_waited_for(
+    tmp_path: Path, slow: str
+) -> None:
+    """Saves, restores and the first meeting after the model build run on the state group,
+    whose timeout is long; only training's collectives have the short one (a collective that
+    blocks past it fails: test_session_world)."""
+    results = run_world(
+        _train_with_a_slow_member, 2, tmp_path, free_port(), slow, timeout=180, form_world=False
+    )
+    for rank, got in enumerate(results):
+        assert got == {"trained": [0, 1, 2, 3], "committed": [4, 2]}, f"rank {rank}"

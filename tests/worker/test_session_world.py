@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from elastra_worker.assignment import assignment_from_env, parse_assignment
 from elastra_worker.control import CONTROL_DIR_ENV
-from elastra_worker.errors import PermanentError
+from elastra_worker.errors import GLOO_TRANSPORT, PermanentError
+from elastra_worker.launcher import free_port
 from elastra_worker.session.world import (
     ASSIGNMENT_JSON_ENV,
     STEP_LOG_ENV,
     World,
     arguments_from_env,
 )
+
+from .distributed import run_world
 
 
 def test_the_agents_environment_names_assignment_rank_folders_and_timeouts(
@@ -57,3 +62,36 @@ def test_a_world_knows_its_coordinates_and_refuses_bitwise_over_a_mesh(tmp_path:
     with pytest.raises(PermanentError, match="consistency bitwise is data parallel only"):
         World(bitwise, local_rank=0, device=torch.device("cpu"), rendezvous_timeout_s=1,
               collective_timeout_s=1)  # fmt: skip
+
+
+BLOCKED_S, TIMEOUT_S = 6.0, 2.0
+
+
+def _late_member(rank: int, world: int, port: int) -> str:
+    """Rank 1 comes late, past the world's collective timeout, to a barrier on a group with a
+    longer one (which waits for it: a timeout there fails the test) and then to an all-reduce
+    on the world's group: what the all-reduce said."""
+    a = parse_assignment({"job": "late", "worldVersion": 1, "rank": rank, "worldSize": world,
+                          "masterAddr": "127.0.0.1", "masterPort": port, "globalBatchSize": 2,
+                          "plan": {"microBatchSize": 1},
+                          "checkpoint": {"path": "/unused"}})  # fmt: skip
+    w = World(a, local_rank=0, device=torch.device("cpu"), rendezvous_timeout_s=60,
+              collective_timeout_s=TIMEOUT_S)  # fmt: skip
+    w.join()
+    patient = w.gloo_group(timeout_s=60)
+    if rank == 1:
+        time.sleep(BLOCKED_S)  # the fault: a member that blocks without closing a connection
+    dist.barrier(group=patient)
+    if rank == 1:
+        time.sleep(BLOCKED_S)
+    try:
+        dist.all_reduce(torch.zeros(1))
+    except RuntimeError as err:
+        return str(err)
+    return "completed"
+
+
+def test_a_collective_blocked_past_the_collective_timeout_fails_as_a_lost_peer() -> None:
+    results = run_world(_late_member, 2, free_port(), timeout=120, form_world=False)
+    said = results[0]
+    assert GLOO_TRANSPORT in said and "Timed out" in said, said

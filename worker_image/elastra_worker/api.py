@@ -91,7 +91,7 @@ from .session.gradients import clip_grad_norm
 from .session.loop import Decisions, Micro, StepBatch, StepLoop, StepParts
 from .session.model import ModelParts, Models, Optimizers, Parallelize, as_list, prepare_model
 from .session.state import SCALER_NAME, BeforeUpdate, Stateful
-from .session.world import STEP_LOG_ENV, World, arguments_from_env
+from .session.world import COLLECTIVE_TIMEOUT_S, STEP_LOG_ENV, World, arguments_from_env
 from .stalls import StallWatch
 
 __all__ = [
@@ -148,7 +148,7 @@ class Session:
         faults: Faults | None = None,
         async_checkpoint: bool | None = None,
         rendezvous_timeout_s: float = 300.0,
-        collective_timeout_s: float = 600.0,
+        collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
         device: torch.device | None = None,
         stall_watch: StallWatch | None = None,
     ) -> None:
@@ -285,12 +285,14 @@ class Session:
         ``elastra_worker.parallel_model.prepare_parallel`` cuts your model at module paths,
         ``build_parallel`` builds them from a ``ModelRecipe``; both call ``adopt``.
         """
+        self._checkpoints.wait_for_members()
         model = prepare_model(self._world, model, blocks=blocks, parallelize=parallelize)
         self._parts.adopt([model])
         return model
 
     def adopt(self, parts: Sequence[nn.Module]) -> None:
         """Register modules already parallelized for this plan (one per pipeline stage held)."""
+        self._checkpoints.wait_for_members()
         self._parts.adopt(parts)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -345,6 +347,7 @@ class Session:
         self._parts.bind(model, optimizer)
         self._ensure_scaler()
         self._state.restored = True
+        self._checkpoints.wait_for_members()
         self._restored = self._checkpoints.restore()
         start = 0 if self._restored is None else self._restored.step
         self._data.restored_at(start)

@@ -223,9 +223,11 @@ def move_to_next_world(
     old_version, old_rank = world.assignment.world_version, world.rank
     _report_continued(world, uses, new)
     # The collectives in the order a joiner's script makes them: its Session opens the
-    # checkpoints, prepare() builds DDP, restore() agrees on the state's source.
+    # checkpoints, prepare() waits for every member and builds DDP, restore() agrees on the
+    # state's source.
     world.rejoin(new)
     uses.checkpoints.open()
+    uses.checkpoints.wait_for_members()
     rebind(world, parts)
     uses.checkpoints.share_with_joiners()
     uses.checkpoints.commit_held()

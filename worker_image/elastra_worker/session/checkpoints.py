@@ -45,6 +45,11 @@ from .world import World
 log = logging.getLogger(__name__)
 
 WAITED_WARN_S = 1.0
+STATE_TIMEOUT_S = 600.0
+"""How long a collective on the state group waits for a member (at least the world's
+collective timeout): saves, restores and the agreement on who holds the state at a world's
+start, where one rank may spend minutes writing, reading or verifying a large state, or a
+joiner building its model, while the others wait for it."""
 """A periodic save that waited this long for the previous background save says so (warning)."""
 
 # Optimizer state keyed by parameter name ("state.<fqn>.exp_avg"), so it reshards between any
@@ -75,7 +80,8 @@ class CheckpointManager:
         self._settings = settings
         self.last_save_time = time.monotonic()
         self._checkpointer: Checkpointer | None = None
-        self._async_group: dist.ProcessGroup | None = None
+        self._state_group: dist.ProcessGroup | None = None
+        self._members_met = False
         self._blocking_s: float | None = None
         self._restored_bytes: int | None = None
         self._peer_transfer: Transfer | None = None
@@ -86,11 +92,12 @@ class CheckpointManager:
     def open(self) -> None:
         """Probe the job's root (after the world is joined): an unusable root is permanent,
         storage out of reach retryable (``errors.RetryableError``: a new world tries again).
-        Again after ``World.rejoin``: the checkpointer is bound to the world's group."""
+        Again after ``World.rejoin``: the state group and the checkpointer are the world's."""
         a = self._world.assignment
         previous = self._checkpointer
-        if self._settings.async_checkpoint:
-            self._async_group = self._world.gloo_group()
+        w = self._world
+        self._state_group = w.gloo_group(timeout_s=max(STATE_TIMEOUT_S, w.collective_timeout_s))
+        self._members_met = False
         root: CheckpointStore = (
             ObjectCheckpointRoot(a.checkpoint.uri, job=a.job)
             if a.checkpoint.uri
@@ -104,7 +111,7 @@ class CheckpointManager:
             raise RetryableError(str(err)) from None
         self._checkpointer = Checkpointer(
             root,
-            group=self._world.group,
+            group=self._state_group,
             world_version=a.world_version,
             keep=a.checkpoint.keep,
             thread_count=int(os.environ.get("ELASTRA_CHECKPOINT_THREADS", "4")),
@@ -119,6 +126,25 @@ class CheckpointManager:
     @property
     def opened(self) -> bool:
         return self._checkpointer is not None
+
+    @property
+    def state_group(self) -> dist.ProcessGroup:
+        """The gloo group of saves, restores and the holders' agreement (``STATE_TIMEOUT_S``),
+        created by ``open``; used by one thread at a time (a save in flight is waited for first).
+        """
+        if self._state_group is None:
+            raise RuntimeError("session not started: use `with Session.from_env() as sess:`")
+        return self._state_group
+
+    def wait_for_members(self) -> None:
+        """Once per world, before the first collective after the script built its model (a
+        DDP's broadcast, the holders' agreement): wait on the state group until every member
+        is there. A joiner may spend minutes between joining and ``prepare`` (importing,
+        loading weights), which the survivors, already there, must not take for a lost
+        member as the world's short collective timeout would. Collective."""
+        if not self._members_met:
+            self._members_met = True
+            dist.barrier(group=self.state_group)
 
     @property
     def checkpointer(self) -> Checkpointer:
@@ -167,7 +193,7 @@ class CheckpointManager:
         job has none yet. Collective: the survivors meet it in ``share_with_joiners``."""
         handoff = kept.take()  # what this process held in its previous world, if anything
         held_step = NOTHING_HELD if handoff is None else handoff.manifest.step
-        holders = agree_source(held_step, group=self._world.group)
+        holders = agree_source(held_step, group=self.state_group)
         if holders.source is not None:
             found = self._receive(holders.source, handoff)
             if found is not None:
@@ -186,7 +212,7 @@ class CheckpointManager:
         joiners ask in ``restore``) and, if some member lacks it, send it from the lowest
         rank that holds it. Collective."""
         held = self.held
-        holders = agree_source(NOTHING_HELD if held is None else held.step, group=self._world.group)
+        holders = agree_source(NOTHING_HELD if held is None else held.step, group=self.state_group)
         if holders.source is None or holders.all_hold:
             return
         if held is None or held.step != holders.newest:
@@ -222,7 +248,7 @@ class CheckpointManager:
     def _share_live(
         self, src: int, box: tuple[Any, ...], tensors: dict[str, torch.Tensor]
     ) -> tuple[Manifest, dict[str, Any], dict[str, Any], Transfer]:
-        moved = share_state(tensors, src=src, group=self._world.group)
+        moved = share_state(tensors, src=src, group=self.state_group)
         if self._world.rank != src:  # what this rank loaded from a peer (progress, metrics)
             self._peer_transfer = moved
         _, manifest, plain, replicated = box
@@ -233,7 +259,7 @@ class CheckpointManager:
         sent as it is; ``_KEPT``: kept in memory by the previous run of the script, loaded
         resharded) and what comes with it."""
         boxes: list[Any] = [box]
-        dist.broadcast_object_list(boxes, src=src, group=self._world.group)
+        dist.broadcast_object_list(boxes, src=src, group=self.state_group)
         got = boxes[0]
         assert isinstance(got, tuple)
         return got
@@ -275,10 +301,10 @@ class CheckpointManager:
         extra = self._extra.to_load(set(metadata.state_dict_metadata))
         state.update(extra)
         storage = self.checkpointer.reader(manifest.step)
-        reader = PeerReader(held, metadata, self._world.group, storage=storage)
+        reader = PeerReader(held, metadata, self.state_group, storage=storage)
         start = time.perf_counter()
         try:
-            dcp_load(state, storage_reader=reader, process_group=self._world.group)
+            dcp_load(state, storage_reader=reader, process_group=self.state_group)
         except CheckpointException as err:
             log.info("rank %d could not load step %d from the members' memory (%s): from storage",
                      self._world.rank, manifest.step, _first_line(err))  # fmt: skip
@@ -365,8 +391,8 @@ class CheckpointManager:
         extra = dict(self.held.extra)
         rank = self._world.rank
         t1 = time.perf_counter()
-        if not wait and self._settings.async_checkpoint and self._async_group is not None:
-            ckpt.save_async(state, step=step, extra=extra, group=self._async_group)
+        if not wait and self._settings.async_checkpoint:
+            ckpt.save_async(state, step=step, extra=extra, group=self.state_group)
             self._blocking_s = time.perf_counter() - t1
             log.info(
                 "rank %d staged step %d in %.2fs; writing it in the background",
@@ -402,16 +428,14 @@ class CheckpointManager:
         downtime of a later restore). Collective: a joiner cannot know, the survivors tell it."""
         held, ckpt = self.held, self.checkpointer
         pending = held is not None and held.step != ckpt.last_committed_step
-        if not agree_any(pending, group=self._world.group) or held is None:
+        if not agree_any(pending, group=self.state_group) or held is None:
             return
         if ckpt.last_committed_step == held.step:  # a joiner took it as committed: not yet
             ckpt.last_committed_step = None
         state = self._state_to_save()
         start = time.perf_counter()
-        if self._async_group is not None:
-            ckpt.save_async(state, step=held.step, extra=dict(held.extra), group=self._async_group)
-        else:
-            ckpt.save(state, step=held.step, extra=dict(held.extra))
+        extra = {**held.extra, "plan": self._world.plan.label}  # laid out by this world
+        ckpt.save_async(state, step=held.step, extra=extra, group=self.state_group)
         self._blocking_s = time.perf_counter() - start
         self.last_save_time = time.monotonic()
         log.info("rank %d staged step %d, held since the last world, in %.2fs; its durable copy "

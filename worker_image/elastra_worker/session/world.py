@@ -26,6 +26,13 @@ from ..precision import apply_tf32
 from ..stalls import StallWatch
 
 STEP_LOG_ENV = "ELASTRA_STEP_LOG"
+COLLECTIVE_TIMEOUT_S = 90.0
+"""How long a collective of training (gradients, the per-step vote) waits for a member before
+it fails (``ELASTRA_COLLECTIVE_TIMEOUT`` sets another): shorter than the agent's stop timeout
+(120 s), so a survivor blocked on a member cut off without a closed connection ends by itself,
+exit code 69, even where no operator tells it. Work on the state that may keep one rank for
+minutes (saves, restores, peer transfers' handshake) runs on its own group, with
+``session.checkpoints.STATE_TIMEOUT_S``."""
 
 
 def arguments_from_env(env: dict[str, str]) -> tuple[Assignment, dict[str, Any]]:
@@ -146,9 +153,10 @@ class World:
         self.group = self.gloo_group() if self.backend != "gloo" else None
         self._mesh = build_mesh(self.plan, self.rank, self.device)
 
-    def gloo_group(self) -> dist.ProcessGroup:
-        """A new gloo group of the whole world (collective: every rank creates it)."""
-        timeout = timedelta(seconds=self.collective_timeout_s)
+    def gloo_group(self, *, timeout_s: float | None = None) -> dist.ProcessGroup:
+        """A new gloo group of the whole world (collective: every rank creates it), whose
+        collectives wait ``timeout_s`` (default: the world's collective timeout)."""
+        timeout = timedelta(seconds=self.collective_timeout_s if timeout_s is None else timeout_s)
         group = dist.new_group(backend="gloo", timeout=timeout)
         if not isinstance(group, dist.ProcessGroup):
             raise RuntimeError("this rank is not in its own world's gloo group")
