@@ -45,12 +45,12 @@ from .world import World
 log = logging.getLogger(__name__)
 
 WAITED_WARN_S = 1.0
+"""A periodic save that waited this long for the previous background save says so (warning)."""
 STATE_TIMEOUT_S = 600.0
 """How long a collective on the state group waits for a member (at least the world's
 collective timeout): saves, restores and the agreement on who holds the state at a world's
 start, where one rank may spend minutes writing, reading or verifying a large state, or a
 joiner building its model, while the others wait for it."""
-"""A periodic save that waited this long for the previous background save says so (warning)."""
 
 # Optimizer state keyed by parameter name ("state.<fqn>.exp_avg"), so it reshards between any
 # two plans and the state of several pipeline stage modules merges without clashes.

@@ -2,8 +2,9 @@
 process groups and the device mesh (what PyTorch's large-model trainers call ParallelDims).
 
 ``join`` forms this world version's process group: a TCPStore hosted by rank 0 under a fresh
-namespace per version, nccl on GPUs (with a gloo group beside it for coordination: votes,
-checkpoint metadata) or gloo on CPU, and the plan's mesh.
+namespace per version, nccl on GPUs (with a gloo group beside it for coordination: votes) or
+gloo on CPU, and the plan's mesh. Their collectives time out after ``COLLECTIVE_TIMEOUT_S``; the
+checkpoint manager adds a gloo group with a longer one for the state (saves, restores, peers).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ COLLECTIVE_TIMEOUT_S = 90.0
 it fails (``ELASTRA_COLLECTIVE_TIMEOUT`` sets another): shorter than the agent's stop timeout
 (120 s), so a survivor blocked on a member cut off without a closed connection ends by itself,
 exit code 69, even where no operator tells it. Work on the state that may keep one rank for
-minutes (saves, restores, peer transfers' handshake) runs on its own group, with
-``session.checkpoints.STATE_TIMEOUT_S``."""
+minutes (saves, restores, peer transfers, the wait for every member before the model's first
+collective) runs on its own group, with ``session.checkpoints.STATE_TIMEOUT_S``."""
 
 
 def arguments_from_env(env: dict[str, str]) -> tuple[Assignment, dict[str, Any]]:
