@@ -22,7 +22,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from elastra_worker.api import Session
+from elastra_worker.api import Session, StepBatch
 from elastra_worker.assignment import assignment_from_env, parse_assignment
 from elastra_worker.dataorder import DataOrder, rank_shares
 from elastra_worker.errors import PermanentError
@@ -311,6 +311,17 @@ DURING_SAVE = {
 }
 
 
+def _linear_step(
+    sess: Session, batch: StepBatch, model: torch.nn.Module, opt: torch.optim.Optimizer
+) -> None:
+    """One step of the tiny linear model the checkpoint tests train, on the step's samples."""
+    for micro in batch:
+        with micro.sync(model):
+            x = torch.tensor(micro.samples, dtype=torch.float32).reshape(-1, 1) / 64
+            micro.backward(model(x.repeat(1, 4)).pow(2).mean())
+    sess.step(opt)
+
+
 def _train_holding_a_save(
     rank: int, world: int, root: Path, port: int, case: DuringSave
 ) -> dict[str, Any]:
@@ -343,11 +354,7 @@ def _train_holding_a_save(
         for batch in sess.batches(dataset_size=64, total_steps=6):
             if batch.step == case.sigterm_in_step and rank == 0:
                 os.kill(os.getpid(), signal.SIGTERM)
-            for micro in batch:
-                with micro.sync(model):
-                    x = torch.tensor(micro.samples, dtype=torch.float32).reshape(-1, 1) / 64
-                    micro.backward(model(x.repeat(1, 4)).pow(2).mean())
-            sess.step(opt)
+            _linear_step(sess, batch, model, opt)
             trained.append(batch.step)
         helper.join(HOLD_S)
         newest = sess.wait_for_checkpoint()
@@ -413,11 +420,7 @@ def _train_with_a_slow_member(rank: int, world: int, root: Path, port: int, slow
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         sess.restore(model, opt)
         for batch in sess.batches(dataset_size=64, total_steps=4):
-            for micro in batch:
-                with micro.sync(model):
-                    x = torch.tensor(micro.samples, dtype=torch.float32).reshape(-1, 1) / 64
-                    micro.backward(model(x.repeat(1, 4)).pow(2).mean())
-            sess.step(opt)
+            _linear_step(sess, batch, model, opt)
             trained.append(batch.step)
         sess.wait_for_checkpoint()
     return {"trained": trained, "committed": CheckpointRoot(root, job="slow").committed_steps()}
