@@ -141,10 +141,11 @@ class CheckpointManager:
         DDP's broadcast, the holders' agreement): wait on the state group until every member
         is there. A joiner may spend minutes between joining and ``prepare`` (importing,
         loading weights), which the survivors, already there, must not take for a lost
-        member as the world's short collective timeout would. Collective."""
-        if not self._members_met:
+        member as the world's short collective timeout would. Collective; nothing before the
+        session is entered (``prepare`` may check a model first: no world to wait for)."""
+        if self._state_group is not None and not self._members_met:
             self._members_met = True
-            dist.barrier(group=self.state_group)
+            dist.barrier(group=self._state_group)
 
     @property
     def checkpointer(self) -> Checkpointer:
