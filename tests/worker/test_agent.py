@@ -256,6 +256,27 @@ def test_a_survivor_whose_trainer_failed_waits_for_the_world_of_survivors(
         proc.wait(timeout=30)
 
 
+def test_a_pod_whose_trainer_failed_as_it_left_the_world_waits_for_the_next(
+    tmp_path: Path,
+) -> None:
+    """The trainer's world broke (a peer died) and the next world leaves this pod out: it
+    waits, as any pod left out, and joins a later world (before: it exited failed)."""
+    write(tmp_path, assignment(1, port=free_port()))
+    proc = start_agent(tmp_path, [sys.executable, "-c", FAILS_IN_WORLD_1,
+                                  str(exitcodes.PEERS_LOST)])  # fmt: skip
+    try:
+        wait_for((tmp_path / "ctl" / "failed-v1").exists, 60, "the first world's failure")
+        write(tmp_path, assignment(2, size=0))
+        wait_for(lambda: agent_state(tmp_path).get("phase") == "waiting", 30, "a waiting pod")
+        assert proc.poll() is None, "the pod stays"
+        write(tmp_path, assignment(3, port=free_port()))
+        wait_for(lambda: agent_state(tmp_path).get("worldVersion") == 3, 30, "the next world")
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def test_waits_then_runs_serves_metrics_and_stops_on_request(tmp_path: Path) -> None:
     port = free_port()
     proc = start_agent(tmp_path, [sys.executable, "-c", FAKE_TRAINER], metrics_port=port)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from elastra_worker.faults import SAVE_DELAY_ENV
 from elastra_worker.layout import CheckpointRoot
 
 from .conftest import STEPS, LocalRun, run_local
@@ -85,6 +86,26 @@ def test_sigkill_during_a_save_resumes_from_the_previous_good_one(
     assert run.returncode == 0, run.output[-3000:]
     assert "restored step 6" in run.output
     assert_writer(run, writer)
+    assert_same_params(run, static_run)
+    assert_checkpoints_intact(tmp_path / "ckpt")
+
+
+def test_a_kill_in_a_save_that_lands_after_the_world_parked_fires_once(
+    tmp_path: Path, static_run: LocalRun
+) -> None:
+    # Every save waits 2 s before its commit, so the world reaches its stop step 12 and parks
+    # before rank 1 dies in step 9's background save. Before: rank 1's agent lived on (a
+    # newer world was assigned) and its next trainer died at the same point; rank 2's agent,
+    # leaving as its world broke, exited failed and failed every final stop after.
+    run = run_local(
+        tmp_path,
+        "3:0,2:12",
+        extra=["--checkpoint-every", "3", "--fail-in-save", "1@9"],
+        env={SAVE_DELAY_ENV: "2"},
+    )
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.output.count("elastra-fault:") == 1, run.output[-3000:]
+    assert "restored step 6" in run.output
     assert_same_params(run, static_run)
     assert_checkpoints_intact(tmp_path / "ckpt")
 

@@ -248,6 +248,35 @@ def test_a_failure_in_the_final_stop_runs_the_last_world_again(tmp_path: Path) -
     assert [r["worldVersion"] for r in records] == [1, 3], records
 
 
+# SIGKILLs the agent (argv[1]) once its pod is left out of a world (argv[2], its assignment).
+KILL_AGENT_WHEN_LEFT_OUT = """
+import json, os, pathlib, signal, sys, time
+agent, path = int(sys.argv[1]), pathlib.Path(sys.argv[2])
+while json.loads(path.read_text()).get("worldSize") != 0:
+    time.sleep(0.05)
+os.kill(agent, signal.SIGKILL)
+"""
+# Rank 1 of the first world leaves that process behind: an agent fails outside the world.
+KILLS_ITS_AGENT_WHEN_LEFT_OUT = f"""
+    import os, pathlib, subprocess, sys
+    if os.environ["RANK"] == "1" and os.environ["ELASTRA_WORLD_VERSION"] == "1":
+        pod = pathlib.Path(os.environ["ELASTRA_CONTROL_DIR"]).parent
+        subprocess.Popen([sys.executable, "-c", {KILL_AGENT_WHEN_LEFT_OUT!r}, str(os.getppid()),
+                          str(pod / "assignment.json")], start_new_session=True)
+"""
+
+
+def test_an_agent_that_failed_outside_the_last_world_fails_the_run_once(tmp_path: Path) -> None:
+    trainer = py(KILLS_ITS_AGENT_WHEN_LEFT_OUT + textwrap.indent(FAKE_SESSION, "    "))
+    proc, records, _ = launch(tmp_path, "2:0,1:3", trainer, extra=["--steps", "5"])
+    assert proc.returncode == exitcodes.RETRYABLE, proc.stderr[-3000:]
+    assert "pod 1's agent exited with code -9 at the end (phase " in proc.stderr
+    assert "though in no world since" in proc.stderr, proc.stderr[-3000:]
+    # the last world ran once: running it again cannot mend a pod outside it
+    assert "starting a new one" not in proc.stderr, proc.stderr[-3000:]
+    assert sorted({r["worldVersion"] for r in records}) == [1, 2], records
+
+
 def test_a_model_prepare_cannot_shard_fails_once_with_its_line(tmp_path: Path) -> None:
     """Before: FSDP's TypeError was a crash, retried in six new worlds. Now the trainer exits
     with the permanent code, and so do its agent and the launcher, after one world."""

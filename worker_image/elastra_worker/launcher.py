@@ -17,9 +17,9 @@ of a world reports its trainers finished, the job is done, whatever the schedule
 ``--fail RANK@STEP`` kills one trainer with SIGKILL in the middle of that step (``--fail-in-save``
 while it writes the checkpoint of that step). The launcher then does what the operator does for
 a failed pod: a new world version for the same size, a fresh agent for the failed pod, and the
-new world resumes from the last good checkpoint. ``--chaos SEED:P_STEP:P_SAVE`` makes every
-trainer die at random (``faults.py``), and ``--max-failed-worlds`` lets a run survive as many
-failed worlds as such a test injects.
+new world resumes from the last good checkpoint; each ``--fail`` fires once in a run.
+``--chaos SEED:P_STEP:P_SAVE`` makes every trainer die at random (``faults.py``), and
+``--max-failed-worlds`` lets a run survive as many failed worlds as such a test injects.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any, Literal
 from . import exitcodes
 from .assignment import API_VERSION, DEFAULT_PRECISION, KIND, Consistency, Precision, plan_to_wire
 from .errors import PermanentError
-from .faults import CHAOS_ENV, KILL_AT_STEP_ENV, KILL_IN_SAVE_ENV
+from .faults import CHAOS_ENV, FIRED_DIR_ENV, KILL_AT_STEP_ENV, KILL_IN_SAVE_ENV
 from .lifeline import PARENT_PID_ENV
 from .schedule import Segment, plan_for
 from .torchrun import Launch
@@ -63,6 +63,10 @@ SegmentEnd = Literal["stopped", "replaced", "done"]
 
 class _StopFailedError(RuntimeError):
     """An agent exited with an error after the schedule's final stop (``Launcher._finish``)."""
+
+    def __init__(self, message: str, pod: int) -> None:
+        super().__init__(message)
+        self.pod = pod
 
 
 class LaunchError(RuntimeError):
@@ -204,7 +208,8 @@ class LocalLauncher:
         self.work_dir = job.work_dir or Path(tempfile.mkdtemp(prefix="elastra-local-"))
         self.pods: dict[int, _Pod] = {}
         self.version = 0
-        self._faults_pending = {"step": job.fail, "save": job.fail_in_save}
+        self._faults = {KILL_AT_STEP_ENV: job.fail, KILL_IN_SAVE_ENV: job.fail_in_save}
+        self._fired_dir = self.work_dir / "faults-fired"  # each --fail fires once (faults.py)
         self.failures = 0
         self._t0 = time.monotonic()
 
@@ -254,7 +259,7 @@ class LocalLauncher:
             )
 
     def _agent_env(self, pod: _Pod) -> dict[str, str]:
-        """One pod's agent environment; a pending fault goes only to the pod it targets."""
+        """One pod's agent environment; a fault goes only to the pod it targets."""
         env = dict(os.environ)
         env.update(
             {
@@ -270,9 +275,9 @@ class LocalLauncher:
         env.update(self.job.extra_env)
         if self.job.chaos:
             env[CHAOS_ENV] = self.job.chaos
-        for key, env_name in (("step", KILL_AT_STEP_ENV), ("save", KILL_IN_SAVE_ENV)):
+        env[FIRED_DIR_ENV] = str(self._fired_dir)
+        for env_name, fault in self._faults.items():
             env.pop(env_name, None)
-            fault = self._faults_pending[key]
             if fault is not None and fault[0] == pod.index:
                 env[env_name] = str(fault[1])
         return env
@@ -370,14 +375,6 @@ class LocalLauncher:
             return "finished", ""
         return "running", "; ".join(why for state, why in views if state == "running")
 
-    def _consume_faults(self) -> None:
-        """A fault fires once: forget the faults of pods whose agent died."""
-        for key, fault in self._faults_pending.items():
-            if fault is not None:
-                pod = self.pods.get(fault[0])
-                if pod is not None and pod.proc is not None and pod.proc.poll() not in (None, 0):
-                    self._faults_pending[key] = None
-
     def run(self) -> int:
         """Drive the schedule until its last world stops or the trainers finish; 0 when done.
 
@@ -393,6 +390,8 @@ class LocalLauncher:
             except OSError as err:  # a regular file on the way, no permission
                 raise PermanentError(f"{option} {folder}: {err.strerror}") from None
         self.job.log_file.unlink(missing_ok=True)
+        shutil.rmtree(self._fired_dir, ignore_errors=True)  # a --work-dir run before this one
+        self._fired_dir.mkdir(parents=True)
         self._t0 = time.monotonic()  # SECONDSs schedule points count from here
         # SIGTERM (a CI deadline, Ctrl-C's cousin) still runs the cleanup below.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -453,13 +452,13 @@ class LocalLauncher:
                 f"more than {self.job.max_failed_worlds} failed worlds, giving up; the last: {why}"
             )
         log.warning("world version %d failed (%s): starting a new one", self.version, why)
-        self._consume_faults()
 
     def _finish(self, last: Segment | None) -> None:
         """Stop every pod at the end of the schedule. A world parked at its stop step commits
         that step only once it learns no world follows (``carry.save_or_hold``), so a trainer
         can still fail here: then the last world runs again from the newest checkpoint, as any
-        failed world does, until a stop ends cleanly."""
+        failed world does, until a stop ends cleanly. A pod outside the last world whose agent
+        failed is an error at once: running that world again would not mend it."""
         while True:
             try:
                 self._stop_all()
@@ -467,6 +466,8 @@ class LocalLauncher:
             except _StopFailedError as err:
                 if last is None:
                     raise LaunchError(str(err)) from None
+                if err.pod >= last.size:
+                    raise LaunchError(f"{err}, though in no world since") from None
                 self._count_failure(str(err))
             if self._run_segment(last) == "done":
                 last = None  # its trainers finished by themselves: nothing left to run again
@@ -487,7 +488,8 @@ class LocalLauncher:
             if code != 0:
                 phase = pod.agent_state().get("phase")
                 raise _StopFailedError(
-                    f"pod {pod.index}'s agent exited with code {code} at the end (phase {phase!r})"
+                    f"pod {pod.index}'s agent exited with code {code} at the end (phase {phase!r})",
+                    pod.index,
                 )
 
     def _kill_all(self) -> None:
