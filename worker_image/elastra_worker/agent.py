@@ -254,9 +254,9 @@ class Agent:
                 return exitcodes.CONFIG
             if outcome in ("failed", "peers_lost"):
                 newer = self._newer_after_failure(a, peers_lost=outcome == "peers_lost")
-                if newer is None or newer.world_version <= a.world_version:
+                if newer is None or newer.stop or newer.world_version <= a.world_version:
                     self._set_state(phase="failed", worldVersion=a.world_version)
-                    return exitcodes.RETRYABLE
+                    return exitcodes.RETRYABLE  # at a stop: its last save may be lost
                 # A pod that leaves as its world breaks (its trainer parked at the stop step
                 # when a peer died) has nothing left to lose: it waits for a world like any
                 # pod left out, instead of failing for a world it is no longer in.
