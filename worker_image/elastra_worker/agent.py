@@ -418,10 +418,23 @@ class Agent:
                 stop_sent = True
                 deadline = self.clock() + self._stop_timeout()
             if deadline is not None and self.clock() >= deadline:
-                log.warning("trainers did not stop in time: killing them")
-                _kill_all(procs)
-                return "terminated" if terminated else "failed"
+                return self._end_late_trainers(procs, terminated=terminated)
             time.sleep(self.config.poll_s)
+
+    def _end_late_trainers(
+        self, procs: list[subprocess.Popen[bytes]], *, terminated: bool
+    ) -> Outcome:
+        """Kill trainers past their stop deadline. Before their first step (a deadline of 0:
+        ``_stop_timeout``) that loses nothing, so the world ends as stopped, not failed."""
+        unstarted = self.control.progress(0) is None
+        if unstarted:
+            log.info("no step made in this world yet: ending its trainers (nothing to save)")
+        else:
+            log.warning("trainers did not stop in time: killing them")
+        _kill_all(procs)
+        if terminated:
+            return "terminated"
+        return "stopped" if unstarted else "failed"
 
     def _offer_next(self, a: Assignment) -> None:
         """Offer the next world version to the trainers of ``a`` when this pod stays in it
