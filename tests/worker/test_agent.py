@@ -277,6 +277,20 @@ def test_a_pod_whose_trainer_failed_as_it_left_the_world_waits_for_the_next(
         proc.wait(timeout=30)
 
 
+def test_a_stop_before_the_first_step_ends_the_pod_cleanly(tmp_path: Path) -> None:
+    """Its trainer made no step (nothing to save): the agent ends it at once, and that is a
+    stop, not a failure (before: exit 75 whenever the stop beat the first step)."""
+    write(tmp_path, assignment(1, port=free_port()))
+    proc = start_agent(tmp_path, [sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        wait_for(lambda: agent_state(tmp_path).get("phase") == "running", 60, "a running world")
+        write(tmp_path, assignment(2, stop=True))
+        assert proc.wait(timeout=60) == exitcodes.OK
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def test_waits_then_runs_serves_metrics_and_stops_on_request(tmp_path: Path) -> None:
     port = free_port()
     proc = start_agent(tmp_path, [sys.executable, "-c", FAKE_TRAINER], metrics_port=port)
