@@ -37,11 +37,7 @@ demo: $(STAMP) toolchain ## Local cluster + real node, Helm install, cpu-tiny tr
 # yet unpacked the worker image (5.9 GB) when kind's nodes unpack theirs, the run's peak of disk.
 .PHONY: test
 test: $(STAMP) toolchain ## Run every test: unit, worker, integration (real control plane), a kind node lost, e2e (real pods)
-	@status=0; \
-	  $(BIN)/python -m pytest tests || { s=$$?; [ $$s -eq 5 ] && echo "make test: no tests collected" || status=$$s; }; \
-	  PYTHON=$(BIN)/python e2e/kind.sh -k test_a_lost_node_shrinks || status=$$?; \
-	  $(BIN)/python -m pytest e2e/suite || status=$$?; \
-	  exit $$status
+	@PYTHON=$(BIN)/python tests/run.sh
 
 .PHONY: e2e
 e2e: $(STAMP) toolchain ## The e2e suite alone: real pods on a local cluster with the real node (or ELASTRA_E2E_KUBECONFIG)
