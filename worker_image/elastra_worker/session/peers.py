@@ -2,9 +2,10 @@
 
 Why: a trainer that enters a world (a grow, a replaced pod) would otherwise read the whole
 committed checkpoint back from the volume. When a member of the new world already holds the
-state in memory (a survivor, ``carry.py``), sending it over the new process group (gloo here,
-NCCL on GPUs) costs the network's time instead of the shared file system's, and the volume
-stays the durable copy.
+state in memory (a survivor, ``carry.py``), sending it over the new world's state group costs
+the network's time instead of the shared file system's, and the volume stays the durable copy.
+The state group is gloo on GPUs too (its timeout is the state's, ``checkpoints.py``): no GPU has
+run this path yet, and NCCL would move GPU tensors without the copies through host memory.
 
 ``share_state`` packs the source's tensors into flat byte buffers of at most ``chunk_bytes``
 and broadcasts them, so a few large collectives carry the state whatever the number of
