@@ -27,7 +27,10 @@ log=$(mktemp "${TMPDIR:-/tmp}/elastra-integration-XXXXXX.log")
 pytest_status tests/integration >"$log" 2>&1 &
 integration=$!
 stopped() {
-  kill -TERM "$integration" 2>/dev/null
+  # The pytest under the background subshell (which SIGINT cannot reach: a background job
+  # of a script ignores it). Its control plane, if left, is adopted and stopped by the next run
+  # of tests/integration (tests/integration/conftest.py).
+  pkill -TERM -P "$integration" 2>/dev/null
   wait "$integration" 2>/dev/null
   echo "==> tests/integration stopped; its last lines ($log):"
   tail -n 40 "$log"
