@@ -45,6 +45,7 @@ echo "==> waiting for tests/integration (run beside the tests above; output in $
 wait "$integration" || first $?
 trap - INT TERM
 cat "$log"
+rm -f "$log"
 PYTHON=$PYTHON e2e/kind.sh -k test_a_lost_node_shrinks || first $?
 "$PYTHON" -m pytest e2e/suite || first $?
 exit "$status"
