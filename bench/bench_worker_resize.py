@@ -11,7 +11,9 @@ shrink and on the way out of it the trainers run their script again and load the
 resharded from the members' memory, the part the leaving member held from the checkpoint
 committed at the stop, the joiner's from the member). The
 step time is the median time between two steps inside a world; a resize's downtime is the time
-from the old world's last step to the new world's first step, minus one step. It is split, from
+from the old world's last step to the new world's first step, minus one step of the new world
+(the median of its own; until 2026-12-06, the run's median, which counted the slower steps of
+the sharded plan as downtime). It is split, from
 the trainers' own log lines, into stop + checkpoint (to the commit of the stop step, or where a
 survivor carries the state, to rank 0's line saying it holds that step unsaved: the new world
 commits it in the background), state (to
@@ -174,12 +176,12 @@ def report(run: Run, *, entries: Sequence[str], loopback: float, state: int) -> 
     worlds: dict[int, list[int]] = {}
     for step, (_, rec) in sorted(run.arrivals.items()):
         worlds.setdefault(int(str(rec["worldVersion"])), []).append(step)
-    intervals = [
-        run.arrivals[s][0] - run.arrivals[s - 1][0]
-        for members in worlds.values()
-        for s in members[2:]  # skip each world's first step (warm-up)
-    ]
-    step_s = statistics.median(intervals)
+
+    def intervals(members: list[int]) -> list[float]:
+        # each world's first step skipped (warm-up)
+        return [run.arrivals[s][0] - run.arrivals[s - 1][0] for s in members[2:]]
+
+    step_s = statistics.median([i for members in worlds.values() for i in intervals(members)])
     events = [e for e in (_stamp(x) for x in run.log_lines) if e is not None]
 
     def first_after(t: float, pattern: str) -> float | None:
@@ -199,7 +201,11 @@ def report(run: Run, *, entries: Sequence[str], loopback: float, state: int) -> 
     for old, new in itertools.pairwise(versions):
         last, first = worlds[old][-1], worlds[new][0]
         t_last, t_first = run.arrivals[last][0], run.arrivals[first][0]
-        downtime = t_first - t_last - step_s
+        # The new world's first step is one of its own steps, not downtime: a plan whose steps
+        # are slower (a sharded one on CPU gloo: 3x on 2 cores, 2026-12-06) would otherwise
+        # count the difference as time lost to the resize.
+        own = statistics.median(intervals(worlds[new]) or [step_s])
+        downtime = t_first - t_last - own
         commit = first_after(t_last, rf"rank 0 (committed|holds) step {last + 1}\b")
         resumed = first_after(t_last, r"rank 0 (restored|resumed) step")
         parts = ""
@@ -207,8 +213,10 @@ def report(run: Run, *, entries: Sequence[str], loopback: float, state: int) -> 
             parts = (
                 f" = stop+checkpoint {(commit - t_last) / step_s:.1f}"
                 f" + state {(resumed - commit) / step_s:.1f}"
-                f" + first step {(t_first - resumed) / step_s - 1:.1f}"
+                f" + first step {(t_first - resumed - own) / step_s:.1f}"
             )
+        if abs(own - step_s) > 0.25 * step_s:
+            parts += f" (its steps {own:.2f} s)"
         source = run.arrivals[first][1].get("stateFrom", "?")
         print(
             f"  world {old} -> {new} ({entry[old]} -> {entry[new]}, state from {source}): "
