@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ from elastra_worker import exitcodes
 from elastra_worker.agent import AgentConfig
 from elastra_worker.launcher import free_port
 from elastra_worker.layout import CheckpointRoot, pointer_step
+from elastra_worker.metrics import READY_PATH
 from elastra_worker.standby import warm_command
 
 from .conftest import EXAMPLE, quiet_env, wait_for
@@ -430,6 +432,53 @@ def test_a_resize_before_the_first_step_starts_warm(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def probe(port: int) -> int:
+    """The startup probe's answer (``metrics.READY_PATH``), or 0 while nothing listens."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{READY_PATH}", timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return 0
+
+
+@pytest.mark.parametrize("warm_start", [True, False])
+def test_a_waiting_pod_passes_its_startup_probe_once_its_standby_imported_torch(
+    tmp_path: Path, warm_start: bool
+) -> None:
+    """A pod in no world answers 503 until its standby has imported torch, then 200 for good;
+    a command that starts cold (no standby) has nothing to wait for."""
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('never run: the pod is in no world')\n")
+    write(tmp_path, assignment(0, size=0))
+    port = free_port()
+    env = {"ELASTRA_WARM_START": "1" if warm_start else "0"}
+    proc = start_agent(tmp_path, [sys.executable, str(script)], metrics_port=port, env=env)
+    answers: list[int] = []
+
+    def warm_now() -> bool:
+        answers.append(probe(port))
+        return answers[-1] == 200
+
+    try:
+        wait_for(warm_now, 120, "a warm pod")
+        seen = [a for a in answers if a]  # 0: the agent was not listening yet
+        warm = tmp_path / "ctl" / "warm"
+        if warm_start:
+            assert seen[0] == 503, answers
+            (marker,) = warm.iterdir()
+            assert int(marker.name) in standbys_of(proc.pid)  # its standby said so, and waits
+        else:
+            assert set(seen) == {200}, answers
+            assert not warm.exists()
+        assert probe(port) == 200
+        assert agent_state(tmp_path)["phase"] == "waiting"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
 def test_only_own_interpreter_scripts_start_warm(tmp_path: Path) -> None:

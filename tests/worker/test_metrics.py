@@ -1,12 +1,17 @@
 """The agent's metrics page: each figure of the trainer's progress report becomes its gauge, and
-a figure the report does not carry (yet) is left out rather than exported as zero."""
+a figure the report does not carry (yet) is left out rather than exported as zero. The same port
+answers the startup probe."""
 
 from __future__ import annotations
+
+import urllib.error
+import urllib.request
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from elastra_worker.metrics import PEERS_LOST_METRIC, WorkerCollector
+from elastra_worker.launcher import free_port
+from elastra_worker.metrics import PEERS_LOST_METRIC, READY_PATH, WorkerCollector, serve
 from tests.unit.controller.test_progress import worker_page as page
 
 
@@ -57,3 +62,24 @@ def test_a_world_whose_collectives_failed_is_exported_while_the_pod_waits(
     lines = generate_latest(registry).decode().splitlines()
     assert (f"{PEERS_LOST_METRIC} 4.0" in lines) is present
     assert present or not any(line.startswith(PEERS_LOST_METRIC) for line in lines)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_the_ready_path_says_whether_the_agent_is_warm_and_other_paths_serve_metrics() -> None:
+    warm = [False]
+    port = free_port()
+    serve(port, WorkerCollector(lambda: {"step": 7}, dict), warm=lambda: warm[0])
+    base = f"http://127.0.0.1:{port}"
+    assert get(base + READY_PATH) == (503, "starting: torch is not imported yet\n")
+    warm[0] = True
+    assert get(base + READY_PATH) == (200, "warm\n")
+    status, page = get(base + "/metrics")
+    assert status == 200
+    assert "elastra_worker_step 7.0" in page.splitlines()

@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 from . import exitcodes
 from .assignment import Assignment, AssignmentError, read_assignment_file, session_env
-from .control import CONTROL_DIR_ENV, ControlDir
+from .control import CONTROL_DIR_ENV, WARM_DIR_ENV, ControlDir
 from .cpushare import with_threads
 from .layout import CheckpointError, UnusableRootError
 from .lifeline import PARENT_PID_ENV
@@ -111,10 +111,11 @@ class Agent:
         self._terminating = False
         self._finished_version: int | None = None
         self._said_waiting = False
+        self._warm_argv = warm_command(config.command) if config.warm_start else None
         self.state: dict[str, Any] = {
             "phase": "waiting", "trainerStarts": 0, "resizesInMemory": 0, "resizesRestarted": 0,
+            "warm": self._warm_argv is None,  # a cold command has nothing to import ahead
         }  # fmt: skip
-        self._warm_argv = warm_command(config.command) if config.warm_start else None
         self._standbys: list[subprocess.Popen[bytes]] = []
         self._worlds_started = 0
         self._stopped_clean: int | None = None
@@ -170,12 +171,31 @@ class Agent:
     def _new_standby(self) -> subprocess.Popen[bytes]:
         env = dict(self.config.env)
         env[PARENT_PID_ENV] = str(os.getpid())
+        env[WARM_DIR_ENV] = str(self.control.warm_dir)
         return subprocess.Popen(
             [sys.executable, "-m", "elastra_worker.standby"],
             stdin=subprocess.PIPE,
             env=env,
             start_new_session=True,
         )
+
+    @property
+    def warm(self) -> bool:
+        """Whether this pod can join a world without importing torch inside its downtime:
+        its trainers ran, or every standby it keeps has imported torch (a standby that died
+        counts: the trainer that replaces it shows why, rather than a pod never Ready), or its
+        command starts cold anyway. Once true it stays true. The pod's startup probe asks
+        this (``metrics.serve``): the operator adds a pod to a running world only once it is
+        Ready, so the world trains on while the pod imports torch instead of waiting for it."""
+        return bool(self.state["warm"])
+
+    def _note_warm(self) -> None:
+        if self.warm:
+            return
+        standbys = self._standbys
+        ready = all(p.poll() is not None or self.control.is_warm(p.pid) for p in standbys)
+        if self._worlds_started or (standbys and ready):
+            self._set_state(warm=True)
 
     def _drop_standbys(self) -> None:
         for p in self._standbys:
@@ -229,6 +249,7 @@ class Agent:
                     return exitcodes.OK  # a static world that has stopped: nothing to wait for
                 if a is not None:
                     self._prepare_standbys(max(a.local_world_size, 1))
+                self._note_warm()
                 if not self._said_waiting:
                     log.info("waiting for a world assignment in %s", self.config.assignment_file)
                     self._said_waiting = True
@@ -340,6 +361,7 @@ class Agent:
                 return "failed"
         procs = [self._start_trainer(self._trainer_env(a, lr)) for lr in range(a.local_world_size)]
         self._worlds_started += 1
+        self._note_warm()
         # The next world's standbys start now, not after this world's first step: a resize soon
         # after a cold start (the first world, or one after a crash) otherwise starts cold too,
         # importing torch inside its downtime. Their imports overlap this world's rendezvous

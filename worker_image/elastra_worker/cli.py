@@ -63,7 +63,8 @@ def _run(args: argparse.Namespace, command: list[str]) -> int:
     )
     port = int(os.environ.get(METRICS_PORT_ENV) or DEFAULT_METRICS_PORT)
     if port:
-        serve(port, WorkerCollector(lambda: agent.control.progress(0), lambda: agent.state))
+        collector = WorkerCollector(lambda: agent.control.progress(0), lambda: agent.state)
+        serve(port, collector, warm=lambda: agent.warm)
     return agent.run()
 
 

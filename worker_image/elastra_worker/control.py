@@ -19,6 +19,9 @@ trainer can act on it, and costs one ``stat``.
   Prometheus metrics, which the operator reads into the job's status. A torchrun-mode script
   gets the path as ``$ELASTRA_PROGRESS_FILE`` and writes it with ``report_progress`` (or by
   hand: the same JSON object, replaced atomically).
+- ``warm/<pid>``: written (empty) by a standby trainer once it has imported torch
+  (``standby.py``); the agent reads it to know that its pod can join a world without importing
+  torch inside that world's downtime (``Agent.warm``). A directory: ``reset`` keeps it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ CONTROL_DIR_ENV = "ELASTRA_CONTROL_DIR"
 PROGRESS_FILE_ENV = "ELASTRA_PROGRESS_FILE"
 STOP = "stop"
 NEXT = "next.json"
+WARM = "warm"
+WARM_DIR_ENV = "ELASTRA_STANDBY_WARM_DIR"
+"""Where a standby trainer says it has imported torch (``mark_warm``)."""
 
 ExitState = Literal["done", "stopped", "continued", "parked"]
 
@@ -117,6 +123,15 @@ class ControlDir:
         """The last progress report of trainer ``local_rank``."""
         return _read_json(self.progress_path(local_rank))
 
+    @property
+    def warm_dir(self) -> Path:
+        """Where standby trainers say they have imported torch (``mark_warm``)."""
+        return self.path / WARM
+
+    def is_warm(self, pid: int) -> bool:
+        """Whether the standby trainer of process ``pid`` has imported torch."""
+        return (self.warm_dir / str(pid)).exists()
+
     # trainer side
     def stop_requested(self, world_version: int) -> bool:
         """True once the agent has asked the trainers of ``world_version`` to stop (a stop
@@ -186,3 +201,12 @@ def report_progress(
         report["lastCheckpointStep"] = int(last_checkpoint_step)
     _write_json(Path(path), report)
     return True
+
+
+def mark_warm(environ: Mapping[str, str] = os.environ) -> None:
+    """Say, as a standby trainer, that this process has imported torch (nothing where the agent
+    gave no ``$ELASTRA_STANDBY_WARM_DIR``)."""
+    folder = environ.get(WARM_DIR_ENV)
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / str(os.getpid())).touch()

@@ -1,17 +1,25 @@
-"""Prometheus metrics of one worker pod, served by the agent on a stable port.
+"""Prometheus metrics of one worker pod, served by the agent on a stable port, and its readiness.
 
 The agent, not the trainer, serves them: trainers come and go with every world version, the agent
 lives as long as the pod, so the operator scrapes one address. Trainers report progress through
 the control directory after every step; a scrape reads the newest report, so nothing here runs
 between scrapes.
+
+``READY_PATH`` on the same port answers 200 once the agent is warm (``Agent.warm``: it could
+join a world without importing torch there) and 503 before: the worker container's startup
+probe, so a pod that joins a running job turns Ready, and is added to its world, only then.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIEnvironment
 
-from prometheus_client import start_http_server
+from prometheus_client import make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -21,6 +29,8 @@ PEERS_LOST_METRIC = "elastra_worker_peers_lost_world_version"
 """Read by the operator's node liveness task too (a contract, like the exit codes)."""
 METRICS_PORT_ENV = "ELASTRA_METRICS_PORT"
 DEFAULT_METRICS_PORT = 9400
+READY_PATH = "/readyz"
+"""The startup probe's path (the operator's worker container names it too: a contract)."""
 
 
 class WorkerCollector(Collector):
@@ -141,9 +151,31 @@ class WorkerCollector(Collector):
         yield resizes
 
 
-def serve(port: int, collector: WorkerCollector) -> CollectorRegistry:
-    """Start the HTTP endpoint in a daemon thread; return its registry."""
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a scrape in flight never holds the agent's exit
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No line per request: the kubelet probes every second while the pod starts."""
+
+
+def serve(port: int, collector: WorkerCollector, *, warm: Callable[[], bool]) -> CollectorRegistry:
+    """Start the HTTP endpoint in a daemon thread: ``READY_PATH`` answers whether ``warm()``,
+    any other path the metrics; return the metrics' registry."""
     registry = CollectorRegistry()
     registry.register(collector)
-    start_http_server(port, registry=registry)
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != READY_PATH:
+            page: Iterable[bytes] = metrics(environ, start_response)
+            return page
+        ready = warm()
+        status = "200 OK" if ready else "503 Service Unavailable"
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"warm\n" if ready else b"starting: torch is not imported yet\n"]
+
+    server = make_server("0.0.0.0", port, app, _Server, _Quiet)  # every address: the kubelet
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return registry

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .assignment import session_env
+from .control import mark_warm
 from .cpushare import requested_threads
 from .lifeline import arm_from_env
 from .session.rerun import RERUN_ENV, WorldMoved
@@ -63,6 +64,7 @@ def main() -> None:
     again, in the next world, each time it ends by moving there (``session/rerun.py``)."""
     arm_from_env()
     _preload()
+    mark_warm()  # the pod's startup probe passes once its standbys are here (Agent.warm)
     line = sys.stdin.readline()
     if not line:
         sys.exit(0)  # the agent no longer needs us

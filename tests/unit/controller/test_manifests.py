@@ -32,6 +32,7 @@ from elastra.planner.eligibility import WorkerConstraints, as_built_for
 from elastra.planner.inventory import parse_inventory
 from elastra.planner.scheduling import NodeFacts, PodConstraints, PodToleration, Taint, refusal
 from elastra_worker.assignment import ParallelPlan, parse_assignment
+from elastra_worker.metrics import READY_PATH
 from tests.cases.specs import DELETE, FULL_TEMPLATE, TEMPLATE, apply_edits, base_manifest
 from tests.unit.planner.nodes import node as planner_node
 from tests.unit.planner.nodes import node_list
@@ -206,6 +207,15 @@ def test_worker_keeps_what_elastra_owns() -> None:
     assert worker["image"] == "elastra-worker:dev"
     assert worker["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     assert worker["ports"] == [{"name": "metrics", "containerPort": 9400}]
+
+
+def test_the_worker_turns_ready_once_its_agent_is_warm() -> None:
+    """The startup probe asks the agent on its metrics port, every second, for long enough
+    to import torch on a crowded node."""
+    probe = container(templated(), "worker")["startupProbe"]
+    assert probe["httpGet"] == {"path": READY_PATH, "port": "metrics"}
+    assert probe["periodSeconds"] == 1
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 600
 
 
 @pytest.mark.parametrize(

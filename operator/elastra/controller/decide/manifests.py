@@ -31,6 +31,10 @@ them with what exists and sends only the difference. Choices a reader should kno
   ExtendedResourceToleration admission plugin would add them (it is off by default), the
   ``NoSchedule`` taint of each extended resource the pod requests: a GPU pod tolerates the
   taint of the GPUs it asks for, ``nvidia.com/gpu`` or ``amd.com/gpu`` by its planned node.
+- **Joining warm**: the worker container's startup probe asks the agent whether it has imported
+  torch (``elastra_worker.metrics.READY_PATH``), so a pod created for a running job turns
+  Ready, and the resize policy adds it to the world, only once it can start its trainers at
+  once: the world trains on meanwhile instead of waiting in the rendezvous for that import.
 - **The template** (``spec.worker.template``): its allow-listed fields are added to what
   Elastra builds; the API server has already rejected any that Elastra owns. Elastra's own
   labels, env and volumes come last, so they win a clash.
@@ -62,6 +66,7 @@ from elastra.planner.catalog import GPU_RESOURCES, NVIDIA_GPU, resource_of, sele
 from elastra.planner.eligibility import WorkerConstraints, is_extended, requested_toleration
 from elastra.planner.scheduling import PodConstraints, PodToleration
 from elastra_worker.assignment import Assignment, CheckpointPolicy, ParallelPlan
+from elastra_worker.metrics import READY_PATH
 from elastra_worker.torchrun import MAX_RESTARTS_ENV
 
 LABEL_JOB = "elastra.dev/job"
@@ -96,6 +101,14 @@ CACHE_ENV = (("HF_HOME", f"{CACHE_DIR}/huggingface"), ("TORCH_HOME", f"{CACHE_DI
 set, like ``SCRATCH_ENV``, only where the job's own env does not name the variable."""
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 """Set on every namespace by the API server (1.22+): selects the operator's namespace by name."""
+
+
+STARTUP_PROBE_PERIOD_SECONDS = 1
+"""How often the kubelet asks a starting worker whether it is warm: a joiner waits at most this
+long after its import before it can join."""
+STARTUP_PROBE_FAILURES = 900
+"""15 minutes of probes (torch from a slow disk on a crowded node takes a minute or two): a
+worker not warm by then is restarted by the kubelet, as a stuck start should be."""
 
 
 GRACE_ENV = "ELASTRA_GRACE_SECONDS"
@@ -565,6 +578,11 @@ def _worker_container(
         "env": env,
         "resources": {"requests": requests, "limits": limits},
         "ports": [{"name": "metrics", "containerPort": settings.metrics_port}],
+        "startupProbe": {
+            "httpGet": {"path": READY_PATH, "port": "metrics"},
+            "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
+            "failureThreshold": STARTUP_PROBE_FAILURES,
+        },
         "volumeMounts": mounts,
         "securityContext": _container_security_context(worker=True, restricted=restricted),
     }
