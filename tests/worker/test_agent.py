@@ -14,7 +14,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -30,6 +29,7 @@ from elastra_worker.metrics import READY_PATH
 from elastra_worker.standby import warm_command
 
 from .conftest import EXAMPLE, quiet_env, wait_for
+from .test_metrics import get
 from .test_objectstore import s3, s3_endpoint  # noqa: F401 - fixtures
 
 FAKE_TRAINER = textwrap.dedent(
@@ -437,10 +437,7 @@ def test_a_resize_before_the_first_step_starts_warm(tmp_path: Path) -> None:
 def probe(port: int) -> int:
     """The startup probe's answer (``metrics.READY_PATH``), or 0 while nothing listens."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{READY_PATH}", timeout=5) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as err:
-        return err.code
+        return get(f"http://127.0.0.1:{port}{READY_PATH}")[0]
     except OSError:
         return 0
 
