@@ -8,11 +8,13 @@ leader election off, kwok with our own stages) and how each one is known to be h
 from __future__ import annotations
 
 import base64
+import json
 import socket
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -120,6 +122,36 @@ def kubectl(bindir: Path | str, kubeconfig: Path, *args: str, stdin: str | None 
     if out.returncode != 0:
         raise ClusterError(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
     return out.stdout
+
+
+def crd_established(crd: dict[str, Any]) -> bool:
+    """Whether a CustomResourceDefinition object says Established (its API is served)."""
+    conditions = (crd.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+
+def wait_crds_established(
+    run_kubectl: Callable[..., str], *selector: str, timeout: float = 60
+) -> None:
+    """Poll until every CRD that ``kubectl get SELECTOR`` lists is Established.
+
+    Why not ``kubectl wait --for=condition=Established``: on a loaded machine it can look
+    before the API server has written a new CRD's first conditions, and then it fails at once
+    (".status.conditions accessor error: <nil>") instead of waiting.
+    """
+
+    def pending() -> list[str]:
+        got = json.loads(run_kubectl("get", *selector, "-o", "json"))
+        items = got.get("items", []) if got.get("kind") == "List" else [got]
+        return [i["metadata"]["name"] for i in items if not crd_established(i)]
+
+    wait_for(
+        f"CRDs {' '.join(selector)} to be Established",
+        lambda: not pending(),
+        timeout=timeout,
+        interval=0.5,
+        hint=lambda: "not yet: " + ", ".join(pending()),
+    )
 
 
 # --- daemons ---------------------------------------------------------------------------------

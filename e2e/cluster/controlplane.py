@@ -34,6 +34,7 @@ from .components import (
     FIRST_SERVICE_IP,
     REAL_FIRST_SERVICE_IP,
     Ctx,
+    crd_established,
     free_ports,
     kubectl,
     start_apiserver,
@@ -273,9 +274,8 @@ def install_crds(layout: ClusterDirs, state: State, crds_dir: Path = CRDS_DIR) -
 
 
 def _crd_established(api: Api, name: str) -> bool:
-    crd = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-    conditions = (crd.get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+    path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+    return crd_established(api.get(path))
 
 
 def apply_fleet(

@@ -34,7 +34,7 @@ from typing import Any
 
 from . import procs
 from .api import WaitTimeoutError, probe_http_health, wait_for
-from .components import free_ports, kubectl, tail, write_kubeconfig
+from .components import free_ports, kubectl, tail, wait_crds_established, write_kubeconfig
 from .controlplane import BUILD_SCRIPT
 from .controlplane import _locked as cluster_lock
 from .pki import ensure_client_cert
@@ -268,9 +268,7 @@ def install(target: Target, crds_dir: Path) -> None:
     """
     for path in sorted(crds_dir.glob("*.yaml")):
         target.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-    target.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{c}" for c in CRDS)
-    )
+    wait_crds_established(target.kubectl, *(f"crd/{c}" for c in CRDS))
     target.apply(node_class())
     ready = {
         "type": "Ready",

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from e2e.cluster.api import probe_http_health, wait_for
-from e2e.cluster.components import free_ports
+from e2e.cluster.components import free_ports, wait_crds_established
 
 from tests.integration.conftest import LocalCluster
 
@@ -153,7 +153,7 @@ def configuration(cert_dir: Path, *, health: int, metrics: int, webhook: int) ->
 
 def install_crds(cluster: LocalCluster, crds: Path) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds))
+    wait_crds_established(lambda *args: cluster.kubectl(*args).stdout, "-f", str(crds))
 
 
 @pytest.fixture(scope="session")
