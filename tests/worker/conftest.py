@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -39,6 +40,15 @@ class LocalRun:
 
     def by_step(self) -> dict[int, dict[str, Any]]:
         return {r["step"]: r for r in self.records}
+
+    def notable(self) -> str:
+        """The output's lines that say why a world was formed again or a step trained twice
+        (failures, kills, restores, restarts), for an assertion's message."""
+        lines = [line for line in self.output.splitlines() if _NOTABLE.search(line)]
+        return "\n".join(lines)[-4000:]
+
+
+_NOTABLE = re.compile(r"fail|kill|restor|restart|unreadable|did not|skipped|timed out", re.I)
 
 
 def run_local(

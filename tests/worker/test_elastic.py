@@ -160,7 +160,7 @@ def test_twenty_consecutive_resizes_do_not_hang(tmp_path: Path, static_run: Loca
     schedule = ",".join(f"{size}:{step}" for step, size in enumerate(sizes))
     run = run_local(tmp_path, schedule, timeout=900)
     assert run.returncode == 0, run.output[-3000:]
-    assert [r["worldSize"] for r in run.records] == sizes
+    assert [r["worldSize"] for r in run.records] == sizes, run.notable()
     assert_same_params(run, static_run)
 
 
