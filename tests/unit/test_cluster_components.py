@@ -8,6 +8,7 @@ turns Established fails the wait naming it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -41,7 +42,9 @@ def test_established_needs_the_established_condition_true(
     assert crd_established(body) is expected
 
 
-def kubectl_answering(*bodies: dict[str, Any]) -> tuple[Any, list[tuple[str, ...]]]:
+def kubectl_answering(
+    *bodies: dict[str, Any],
+) -> tuple[Callable[..., str], list[tuple[str, ...]]]:
     """A kubectl that answers each ``get`` with the next body (the last one from then on)."""
     calls: list[tuple[str, ...]] = []
 
