@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from e2e.cluster import karpenter as kp  # noqa: E402
+from e2e.cluster.api import wait_for  # noqa: E402
 from e2e.cluster.controlplane import down, up  # noqa: E402
 from e2e.cluster.state import ClusterDirs, State  # noqa: E402
 
@@ -252,7 +253,12 @@ def main() -> int:
             consolidate_after="60s",
         )
     )
-    target.kubectl("wait", "--for=condition=Ready", "--timeout=60s", f"nodepool/{POOL}")
+    wait_for(
+        f"NodePool {POOL} to be Ready",
+        lambda: kp.node_pool_ready(json.loads(target.kubectl("get", "nodepool", POOL, "-ojson"))),
+        timeout=60,
+        interval=0.5,
+    )
     log = (layout.root / "operator.log").open("w")
     operator = subprocess.Popen(
         [sys.executable, "-m", "elastra.cli", "run", f"--kubeconfig={layout.kubeconfig}",

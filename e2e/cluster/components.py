@@ -11,7 +11,7 @@ import base64
 import json
 import socket
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,10 +124,16 @@ def kubectl(bindir: Path | str, kubeconfig: Path, *args: str, stdin: str | None 
     return out.stdout
 
 
-def crd_established(crd: dict[str, Any]) -> bool:
+def has_condition(obj: Mapping[str, Any], kind: str) -> bool:
+    """Whether an object's status holds condition ``kind`` with status True; an object whose
+    controller has not yet written any condition (no status, null conditions) holds none."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == kind and c.get("status") == "True" for c in conditions)
+
+
+def crd_established(crd: Mapping[str, Any]) -> bool:
     """Whether a CustomResourceDefinition object says Established (its API is served)."""
-    conditions = (crd.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+    return has_condition(crd, "Established")
 
 
 def wait_crds_established(

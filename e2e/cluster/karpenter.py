@@ -34,7 +34,14 @@ from typing import Any
 
 from . import procs
 from .api import WaitTimeoutError, probe_http_health, wait_for
-from .components import free_ports, kubectl, tail, wait_crds_established, write_kubeconfig
+from .components import (
+    free_ports,
+    has_condition,
+    kubectl,
+    tail,
+    wait_crds_established,
+    write_kubeconfig,
+)
 from .controlplane import BUILD_SCRIPT
 from .controlplane import _locked as cluster_lock
 from .pki import ensure_client_cert
@@ -216,6 +223,12 @@ def node_pool(
         "metadata": {"name": name},
         "spec": spec,
     }
+
+
+def node_pool_ready(pool: Mapping[str, Any]) -> bool:
+    """Whether Karpenter reports a NodePool Ready: it makes nodes for a pool only then, and a
+    pool just applied has no conditions at all until Karpenter's first look at it."""
+    return has_condition(pool, "Ready")
 
 
 def node_class() -> dict[str, Any]:

@@ -82,3 +82,27 @@ def test_a_node_pool_of_unknown_instance_types_is_refused_with_the_known_ones(
 ) -> None:
     with pytest.raises(ClusterError, match=r"NodePool bad: .*p5\.48xlarge"):
         kp.node_pool("bad", instance_types=types, taint={"key": "k", "effect": "NoSchedule"})
+
+
+@pytest.mark.parametrize(
+    ("status", "ready"),
+    [
+        (None, False),  # just applied: Karpenter has not looked at it yet
+        ({"conditions": None}, False),
+        ({"conditions": [{"type": "ValidationSucceeded", "status": "True"}]}, False),
+        (
+            {"conditions": [{"type": "Ready", "status": "False", "reason": "NodeClassNotReady"}]},
+            False,
+        ),
+        ({"conditions": [{"type": "Ready", "status": "True"}]}, True),
+    ],
+)
+def test_a_node_pool_is_ready_only_when_karpenter_says_ready(
+    status: dict[str, object] | None, ready: bool
+) -> None:
+    pool = kp.node_pool(
+        "p", instance_types=["g6.xlarge"], taint={"key": "k", "effect": "NoSchedule"}
+    )
+    if status is not None:
+        pool["status"] = status
+    assert kp.node_pool_ready(pool) is ready

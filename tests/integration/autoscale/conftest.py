@@ -21,13 +21,13 @@ How to use it:
   the last) is the running controller: ``nodes(pool)``, ``node_claims(pool)``, ``log_tail()``
   (put it in a wait's ``hint``). A Karpenter that ``make cluster-up AUTOSCALER=karpenter``
   started in the same cluster folder is used as it is and left running.
-- ``node_pools`` (per test) creates NodePools and deletes them when the test ends, waiting
-  until Karpenter has removed their nodes. ``create(prefix, *, instance_types, labels=None,
-  taint=None, gpu_limit=None, consolidate_after="5s")`` returns a ``Pool`` named
-  ``<prefix>-<random>``, once Karpenter reports it Ready. Every pool is tainted (default
-  ``elastra.dev/karpenter-pool=<name>:NoSchedule``), so only pods that tolerate that taint
-  make Karpenter create nodes: pending pods of other tests never do. ``labels`` go on every
-  node of the pool; ``gpu_limit`` caps the GPUs the pool may hold.
+- ``node_pools`` (per test) creates NodePools and deletes them when the test ends, before
+  the test's namespace, waiting until Karpenter has removed their nodes. ``create(prefix, *,
+  instance_types, labels=None, taint=None, gpu_limit=None, consolidate_after="5s")`` returns
+  a ``Pool`` named ``<prefix>-<random>``, once Karpenter reports it Ready. Every pool is
+  tainted (default ``elastra.dev/karpenter-pool=<name>:NoSchedule``), so only pods that
+  tolerate that taint make Karpenter create nodes: pending pods of other tests never do.
+  ``labels`` go on every node of the pool; ``gpu_limit`` caps the GPUs the pool may hold.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ class NodePools:
         self.created.append(pool)
         wait_for(
             f"NodePool {name} to be Ready",
-            lambda: _ready(self.karpenter.cluster.get("nodepool", name)),
+            lambda: kp.node_pool_ready(self.karpenter.cluster.get("nodepool", name)),
             timeout=60,
             interval=0.5,
             hint=self.karpenter.log_tail,
@@ -179,18 +179,39 @@ class NodePools:
             ),
             timeout=timeout,
             interval=1.0,
-            hint=self.karpenter.log_tail,
+            hint=lambda: f"{self.karpenter.log_tail()}\n{self.left_on(pool)}",
         )
         self.created.remove(pool)
 
-
-def _ready(nodepool: Mapping[str, Any]) -> bool:
-    conditions = (nodepool.get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    def left_on(self, pool: Pool) -> str:
+        """What keeps a deleted pool's nodes: the pods still on them, whether each is being
+        deleted, its finalizers, and the state of its namespace."""
+        cluster = self.karpenter.cluster
+        nodes = {n["metadata"]["name"] for n in self.karpenter.nodes(pool.name)}
+        lines = [f"pods on the nodes of {pool.name} ({len(nodes)} nodes):"]
+        namespaces = set()
+        for pod in cluster.get("pods", "-A")["items"]:
+            meta = pod["metadata"]
+            if pod["spec"].get("nodeName") in nodes:
+                namespaces.add(meta["namespace"])
+                lines.append(
+                    f"  {meta['namespace']}/{meta['name']} on {pod['spec']['nodeName']}:"
+                    f" phase {pod.get('status', {}).get('phase')},"
+                    f" deletionTimestamp {meta.get('deletionTimestamp')},"
+                    f" finalizers {meta.get('finalizers', [])}"
+                )
+        for name in sorted(namespaces):
+            status = cluster.get("namespace", name).get("status", {})
+            lines.append(f"namespace {name}: {status}")
+        return "\n".join(lines)
 
 
 @pytest.fixture
-def node_pools(karpenter: Karpenter) -> Iterator[NodePools]:
+def node_pools(karpenter: Karpenter, namespace: str) -> Iterator[NodePools]:
+    """Taking ``namespace`` orders the teardown: the pools go while the test's namespace still
+    lives, so Karpenter drains their pods by eviction as on a real cluster. The other way
+    round, every eviction is refused as content in a terminating namespace, and the nodes
+    stay until the namespace controller has deleted the pods."""
     pools = NodePools(karpenter)
     try:
         yield pools
