@@ -36,7 +36,7 @@ RESTRICTED = {
 # Everything a release could leave behind, namespaced kinds then cluster-scoped ones.
 NAMESPACED_KINDS = (
     "deployments,replicasets,pods,services,endpoints,serviceaccounts,configmaps,"
-    "roles,rolebindings,leases,kopfpeerings,networkpolicies"
+    "roles,rolebindings,leases,kopfpeerings,networkpolicies,secrets"
 )
 CLUSTER_KINDS = "clusterroles,clusterrolebindings,clusterkopfpeerings"
 

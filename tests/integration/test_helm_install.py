@@ -3,7 +3,7 @@
 Why: the unit tests read the rendered chart; here the API server itself judges it. It admits
 the operator pod into a namespace that enforces Pod Security "restricted", its authorizer
 grants the operator's service account exactly the reviewed golden permissions (and denies
-secrets, exec and node writes), an operator running with that service account's token does
+reading secrets, exec and node writes), an operator running with that service account's token does
 its job without a single "forbidden", a namespace's `edit` users may run TrainingJobs and its
 `view` users only read them (the chart's aggregated roles), and `helm uninstall` leaves
 nothing behind. No image exists and no real node runs the operator pod, so the installed pod
@@ -38,7 +38,7 @@ LEASE = "elastra-operator"
 # What `helm uninstall` must remove, by kind (cluster-scoped kinds are listed without -A).
 RELEASE_KINDS = (
     "deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,kopfpeerings,"
-    "networkpolicies",
+    "networkpolicies,secrets",
     "clusterroles,clusterrolebindings,clusterkopfpeerings,priorityclasses",
 )
 

@@ -154,6 +154,7 @@ def namespaced_attributes(watched: str, other: str) -> list[tuple[dict[str, str]
         ("", "pods", "patch"),
         ("", "pods", "delete"),
         ("", "services", "create"),
+        ("", "secrets", "create"),
         ("networking.k8s.io", "networkpolicies", "create"),
     ]
     cases = []
@@ -167,6 +168,7 @@ def namespaced_attributes(watched: str, other: str) -> list[tuple[dict[str, str]
         ({"verb": "delete", "resource": "networkpolicies", "group": "networking.k8s.io",
           "namespace": watched}, False),
         ({"verb": "update", "resource": "pods", "namespace": watched}, False),
+        ({"verb": "get", "resource": "secrets", "namespace": watched}, False),  # create only
     ]  # fmt: skip
     return cases
 

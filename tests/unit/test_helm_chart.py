@@ -9,6 +9,7 @@ so these checks never skip; `helm template` renders without a cluster.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -163,6 +164,7 @@ def test_default_render_holds_the_operator_and_its_rbac(default: list[Manifest])
             "Deployment",
             "ClusterKopfPeering",
             "Lease",
+            "Secret",  # the key of pushed assignments (templates/assignment-key.yaml)
             "NetworkPolicy",
             "PriorityClass",  # of capacity-request pods (templates/priorityclass.yaml)
         ]
@@ -204,7 +206,7 @@ def test_rbac_has_no_wildcards(
             assert "nonResourceURLs" not in rule, rule
 
 
-def test_rbac_grants_no_secrets_exec_or_node_writes(
+def test_rbac_grants_no_secret_reads_exec_or_node_writes(
     default: list[Manifest], namespaced: list[Manifest], bare: list[Manifest]
 ) -> None:
     read_only = {"get", "list", "watch"}
@@ -212,7 +214,7 @@ def test_rbac_grants_no_secrets_exec_or_node_writes(
         for rule in role["rules"]:
             resources = set(rule["resources"])
             verbs = set(rule["verbs"])
-            assert "secrets" not in resources, rule
+            assert "secrets" not in resources or verbs == {"create"}, rule
             assert not resources & {"pods/exec", "pods/attach", "pods/portforward"}, rule
             assert not {r for r in resources if r.startswith("nodes")} or verbs <= read_only, rule
             assert not verbs & {"escalate", "bind", "impersonate", "deletecollection"}, rule
@@ -291,6 +293,7 @@ def test_deployment_runs_one_operator_with_probes_and_resources(default: list[Ma
         "--metrics-port=8080",
         "--health-port=8081",
         "--grace-seconds=120",
+        "--assignment-key-file=/etc/elastra-operator/assignment-key",
         "--no-create-lease",  # the chart owns the Lease (templates/lease.yaml)
         f"--peering={RELEASE}",
         "--priority=100",
@@ -317,6 +320,25 @@ def test_the_operator_leaves_a_lost_node_after_30s_not_300(default: list[Manifes
     lost = {t["key"]: t for t in pod["tolerations"] if t.get("effect") == "NoExecute"}
     assert set(lost) == {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
     assert {t["tolerationSeconds"] for t in lost.values()} == {30}
+
+
+def test_the_operator_reads_its_assignment_key_from_the_charts_secret(
+    default: list[Manifest],
+) -> None:
+    """The flag names the file the Secret's volume holds; the key is random, 48 characters."""
+    secret = one(default, "Secret")
+    key = base64.b64decode(secret["data"]["assignment-key"])
+    assert len(key) == 48 and key.isalnum()
+    pod = one(default, "Deployment")["spec"]["template"]["spec"]
+    (flag,) = [a for a in container(one(default, "Deployment"))["args"] if "assignment-key" in a]
+    path = Path(flag.partition("=")[2])
+    (mount,) = [
+        m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == str(path.parent)
+    ]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mount["readOnly"] is True
+    assert volumes[mount["name"]]["secret"]["secretName"] == secret["metadata"]["name"]
+    assert path.name in secret["data"]
 
 
 def test_local_image_is_set_explicitly(helm: Path, tmp_path: Path) -> None:

@@ -26,11 +26,13 @@ from elastra_worker.agent import AgentConfig
 from elastra_worker.launcher import free_port
 from elastra_worker.layout import CheckpointRoot, pointer_step
 from elastra_worker.metrics import READY_PATH
+from elastra_worker.push import KEY_FILE, POD_NAME_ENV
 from elastra_worker.standby import warm_command
 
 from .conftest import EXAMPLE, quiet_env, wait_for
-from .test_metrics import get
+from .test_metrics import get, post
 from .test_objectstore import s3, s3_endpoint  # noqa: F401 - fixtures
+from .test_push import KEY, POD
 
 FAKE_TRAINER = textwrap.dedent(
     """
@@ -313,6 +315,30 @@ def test_waits_then_runs_serves_metrics_and_stops_on_request(tmp_path: Path) -> 
         write(tmp_path, assignment(4, stop=True))
         assert proc.wait(timeout=60) == exitcodes.OK
         assert agent_state(tmp_path)["phase"] == "stopped"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_pushed_world_version_ahead_of_the_file_moves_the_running_world(tmp_path: Path) -> None:
+    """The kubelet is late to refresh the file (it remounted the old content): the operator's
+    push of version 2 alone ends world 1 and starts world 2, while the file still says 1."""
+    port = free_port()
+    (tmp_path / KEY_FILE).write_bytes(KEY)
+    write(tmp_path, assignment(1, port=free_port()))
+    env = {POD_NAME_ENV: POD}
+    proc = start_agent(tmp_path, [sys.executable, "-c", FAKE_TRAINER], metrics_port=port, env=env)
+    try:
+        wait_for(lambda: agent_state(tmp_path).get("phase") == "running", 30, "world version 1")
+        pushed = assignment(2, port=free_port()).encode()
+        assert get(post(f"http://127.0.0.1:{port}", pushed, signed=True)) == (200, "taken\n")
+        wait_for(lambda: agent_state(tmp_path).get("worldVersion") == 2, 10, "world version 2")
+        assert json.loads((tmp_path / "assignment").read_text())["worldVersion"] == 1
+        state = agent_state(tmp_path)
+        assert (state["phase"], state["trainerStarts"]) == ("running", 2), state
+        write(tmp_path, assignment(3, stop=True))  # the file, caught up and ahead: it decides
+        assert proc.wait(timeout=30) == exitcodes.OK
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -1,18 +1,24 @@
 """The agent's metrics page: each figure of the trainer's progress report becomes its gauge, and
 a figure the report does not carry (yet) is left out rather than exported as zero. The same port
-answers the startup probe."""
+answers the startup probe and takes the operator's pushed assignments."""
 
 from __future__ import annotations
 
+import http.client
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from elastra_worker.assignment import MAX_FILE_BYTES
 from elastra_worker.launcher import free_port
 from elastra_worker.metrics import PEERS_LOST_METRIC, READY_PATH, WorkerCollector, serve
+from elastra_worker.push import KEY_FILE, PUSH_PATH, SIGNATURE_HEADER, PushedAssignments, signature
 from tests.unit.controller.test_progress import worker_page as page
+
+from .test_push import KEY, POD, body
 
 
 @pytest.mark.parametrize(
@@ -64,7 +70,8 @@ def test_a_world_whose_collectives_failed_is_exported_while_the_pod_waits(
     assert present or not any(line.startswith(PEERS_LOST_METRIC) for line in lines)
 
 
-def get(url: str) -> tuple[int, str]:
+def get(url: str | urllib.request.Request) -> tuple[int, str]:
+    """The status and text of the answer to a GET of ``url`` (or to the request given)."""
     try:
         with urllib.request.urlopen(url, timeout=10) as resp:
             return resp.status, resp.read().decode()
@@ -83,3 +90,53 @@ def test_the_ready_path_says_whether_the_agent_is_warm_and_other_paths_serve_met
     status, page = get(base + "/metrics")
     assert status == 200
     assert "elastra_worker_step 7.0" in page.splitlines()
+    assert get(post(base, body(4), signed=True))[0] == 404, "no pushes given: none taken"
+
+
+def post(
+    base: str, payload: bytes, *, signed: bool, headers: dict[str, str] | None = None
+) -> urllib.request.Request:
+    """A POST of ``payload`` to ``PUSH_PATH``, signed as the operator signs it for ``POD``."""
+    all_headers = {SIGNATURE_HEADER: signature(KEY, POD, payload)} if signed else {}
+    all_headers.update(headers or {})
+    return urllib.request.Request(base + PUSH_PATH, payload, all_headers, method="POST")
+
+
+def test_the_push_path_takes_a_signed_assignment_by_post_and_metrics_still_serve(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / KEY_FILE).write_bytes(KEY)
+    port = free_port()
+    pushes = PushedAssignments(tmp_path / KEY_FILE, POD)
+    serve(port, WorkerCollector(lambda: {"step": 7}, dict), warm=lambda: True, pushes=pushes)
+    base = f"http://127.0.0.1:{port}"
+    too_long = {"Content-Length": str(MAX_FILE_BYTES + 1)}  # declared only: nothing is read
+    table = [
+        (post(base, body(4), signed=True), (200, "taken\n")),
+        (post(base, body(4), signed=True), (200, "not newer\n")),
+        (post(base, body(5), signed=False), (403, f"no {SIGNATURE_HEADER} header\n")),
+        (post(base, b"", signed=True, headers=too_long), (413, f"assignment larger than "
+                                                           f"{MAX_FILE_BYTES} bytes\n")),
+        (post(base, b"", signed=True, headers={"Content-Length": "4x"}),
+         (400, "invalid Content-Length '4x'\n")),
+        (urllib.request.Request(base + PUSH_PATH), (405, f"{PUSH_PATH} takes POST only\n")),
+    ]  # fmt: skip
+    assert [get(request) for request, _ in table] == [answer for _, answer in table]
+    assert unsized_post(port) == 411
+    pushed = pushes.newest(None)
+    assert pushed is not None and pushed.world_version == 4
+    status, page = get(base + "/metrics")
+    assert status == 200
+    assert "elastra_worker_step 7.0" in page.splitlines()
+    assert get(base + READY_PATH) == (200, "warm\n")
+
+
+def unsized_post(port: int) -> int:
+    """The status answering a POST to ``PUSH_PATH`` without Content-Length (urllib sets one)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.putrequest("POST", PUSH_PATH)
+        conn.endheaders()
+        return conn.getresponse().status
+    finally:
+        conn.close()

@@ -49,6 +49,7 @@ from .control import CONTROL_DIR_ENV, WARM_DIR_ENV, ControlDir
 from .cpushare import with_threads
 from .layout import CheckpointError, UnusableRootError
 from .lifeline import PARENT_PID_ENV
+from .push import PushedAssignments
 from .staging import StagingError
 from .standby import warm_command
 from .termination import report_permanent
@@ -97,6 +98,9 @@ class AgentConfig:
     (``session/carry.py``); off: every world change restarts the trainers."""
     launch: Launch = "elastra"
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    pushed: PushedAssignments | None = None
+    """Assignments the operator pushed over HTTP (``push.py``): one ahead of the file's world
+    version is acted on before the kubelet refreshes the file."""
 
 
 class Agent:
@@ -136,10 +140,15 @@ class Agent:
             os.replace(tmp, path)
 
     def _read(self) -> Assignment | None:
+        """The assignment to act on now: the static one, else the file's, or a pushed one
+        ahead of it (``PushedAssignments.newest``). Every look at the assignment comes here,
+        each time afresh, so a push is seen within one ``poll_s``."""
         if self.config.static_assignment is not None:
             return self.config.static_assignment
         assert self.config.assignment_file is not None
-        return read_assignment_file(self.config.assignment_file)
+        from_file = read_assignment_file(self.config.assignment_file)
+        pushed = self.config.pushed
+        return from_file if pushed is None else pushed.newest(from_file)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self._terminating = True

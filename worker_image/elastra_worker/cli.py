@@ -28,6 +28,7 @@ from .faults import Chaos
 from .launcher import MAX_FAILED_WORLDS, LaunchError, LocalJob, LocalLauncher, parse_fault
 from .lifeline import arm_from_env
 from .metrics import DEFAULT_METRICS_PORT, METRICS_PORT_ENV, WorkerCollector, serve
+from .push import KEY_FILE, POD_NAME_ENV, PushedAssignments
 from .schedule import Segment, check_plans, model_from_command, parse_schedule
 from .torchrun import LAUNCH_ENV, LAUNCHES, launch_from_env
 
@@ -47,6 +48,9 @@ def _run(args: argparse.Namespace, command: list[str]) -> int:
     if not path.exists() and os.environ.get("WORLD_SIZE"):
         static = assignment_from_env()  # no operator: torchrun-style variables
     control = Path(args.control_dir or tempfile.mkdtemp(prefix="elastra-control-"))
+    # The operator's pushes (push.py), signed for this pod, only where a file can fall behind.
+    pod = os.environ.get(POD_NAME_ENV)
+    pushes = PushedAssignments(path.with_name(KEY_FILE), pod) if pod and not static else None
     agent = Agent(
         AgentConfig(
             command=command,
@@ -59,12 +63,13 @@ def _run(args: argparse.Namespace, command: list[str]) -> int:
             warm_start=os.environ.get("ELASTRA_WARM_START", "1") != "0",
             in_memory_resize=os.environ.get(IN_MEMORY_RESIZE_ENV, "1") != "0",
             launch=args.launch or launch_from_env(),
+            pushed=pushes,
         )
     )
     port = int(os.environ.get(METRICS_PORT_ENV) or DEFAULT_METRICS_PORT)
     if port:
         collector = WorkerCollector(lambda: agent.control.progress(0), lambda: agent.state)
-        serve(port, collector, warm=lambda: agent.warm)
+        serve(port, collector, warm=lambda: agent.warm, pushes=pushes)
     return agent.run()
 
 

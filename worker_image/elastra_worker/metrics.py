@@ -8,12 +8,18 @@ between scrapes.
 ``READY_PATH`` on the same port answers 200 once the agent is warm (``Agent.warm``: it could
 join a world without importing torch there) and 503 before: the worker container's startup
 probe, so a pod that joins a running job turns Ready, and is added to its world, only then.
+
+``push.PUSH_PATH`` on the same port takes the assignments the operator pushes (POST, signed):
+the downward-API file sometimes shows a new assignment only at the kubelet's next periodic
+sync, and the operator already reaches this port. The request is checked here only for its
+length (never more than ``MAX_FILE_BYTES`` is read); ``PushedAssignments.accept`` decides.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from http import HTTPStatus
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -23,7 +29,9 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from .assignment import MAX_FILE_BYTES
 from .downtime import FROM_PEERS, FROM_STORAGE
+from .push import PUSH_PATH, SIGNATURE_HEADER, PushedAssignments
 
 PEERS_LOST_METRIC = "elastra_worker_peers_lost_world_version"
 """Read by the operator's node liveness task too (a contract, like the exit codes)."""
@@ -160,15 +168,52 @@ class _Quiet(WSGIRequestHandler):
         """No line per request: the kubelet probes every second while the pod starts."""
 
 
-def serve(port: int, collector: WorkerCollector, *, warm: Callable[[], bool]) -> CollectorRegistry:
+def _push(environ: WSGIEnvironment, pushes: PushedAssignments | None) -> tuple[int, str]:
+    """The answer to a request on ``PUSH_PATH``: the body goes to ``pushes.accept`` once its
+    declared length is known and within ``MAX_FILE_BYTES`` (nothing more is ever read)."""
+    if pushes is None:
+        return 404, "this agent takes no pushed assignments (no assignment file or no POD_NAME)"
+    if environ.get("REQUEST_METHOD") != "POST":
+        return 405, f"{PUSH_PATH} takes POST only"
+    declared = environ.get("CONTENT_LENGTH") or ""
+    if not declared:
+        return pushes.refuse(411, "Content-Length required")
+    if not (declared.isascii() and declared.isdigit()) or len(declared) > 20:
+        return pushes.refuse(400, f"invalid Content-Length {declared[:40]!r}")
+    length = int(declared)
+    if length > MAX_FILE_BYTES:
+        return pushes.refuse(413, f"assignment larger than {MAX_FILE_BYTES} bytes")
+    body: bytes = environ["wsgi.input"].read(length) if length else b""
+    if len(body) != length:
+        return pushes.refuse(400, f"body of {len(body)} bytes, Content-Length says {length}")
+    header = "HTTP_" + SIGNATURE_HEADER.upper().replace("-", "_")
+    return pushes.accept(body, environ.get(header))
+
+
+def serve(
+    port: int,
+    collector: WorkerCollector,
+    *,
+    warm: Callable[[], bool],
+    pushes: PushedAssignments | None = None,
+) -> CollectorRegistry:
     """Start the HTTP endpoint in a daemon thread: ``READY_PATH`` answers whether ``warm()``,
-    any other path the metrics; return the metrics' registry."""
+    ``PUSH_PATH`` takes pushed assignments into ``pushes`` (when given), any other path the
+    metrics; return the metrics' registry."""
     registry = CollectorRegistry()
     registry.register(collector)
     metrics = make_wsgi_app(registry)
 
     def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") != READY_PATH:
+        path = environ.get("PATH_INFO")
+        if path == PUSH_PATH:
+            code, message = _push(environ, pushes)
+            headers = [("Content-Type", "text/plain; charset=utf-8")]
+            if code == 405:
+                headers.append(("Allow", "POST"))
+            start_response(f"{code} {HTTPStatus(code).phrase}", headers)
+            return [message.encode() + b"\n"]
+        if path != READY_PATH:
             page: Iterable[bytes] = metrics(environ, start_response)
             return page
         ready = warm()

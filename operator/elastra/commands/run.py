@@ -7,6 +7,7 @@ import asyncio
 import os
 import re
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from elastra.api.formats import DNS_LABEL, SIZE, is_zero_size
@@ -18,6 +19,9 @@ from elastra.kube import resources
 from elastra.kube.client import Kube, RetryPolicy
 from elastra.kube.config import Connection, load_connection
 from elastra.planner.scheduling import PodToleration
+
+MIN_KEY_BYTES = 16
+"""The shortest ``--assignment-key-file`` key taken: shorter is guessable."""
 
 
 def register(sub: Any) -> None:
@@ -73,6 +77,15 @@ def register(sub: Any) -> None:
         type=int,
         default=8080,
         help="Prometheus /metrics port, 0 to disable (default 8080)",
+    )
+    parser.add_argument(
+        "--assignment-key-file",
+        metavar="PATH",
+        help=(
+            "file holding the key that signs assignments pushed to workers (each job's key is "
+            "derived from it and kept in a Secret the job owns); without it, a key of this run "
+            "only: after a restart, running jobs' pods learn assignments from their file alone"
+        ),
     )
     parser.add_argument(
         "--health-port",
@@ -275,6 +288,23 @@ def parse_toleration(text: str) -> PodToleration:
     return PodToleration(key=key, operator=operator, value=value, effect=effect)
 
 
+def read_assignment_key(path: str | None) -> bytes:
+    """The key in ``path`` (empty without one); a missing, unreadable or empty file is the
+    installer's mistake, said with the flag's name."""
+    if path is None:
+        return b""
+    try:
+        key = Path(path).read_bytes()
+    except OSError as err:
+        raise UserError(f"--assignment-key-file {path}: cannot read it: {err.strerror}") from None
+    if len(key) < MIN_KEY_BYTES:
+        raise UserError(
+            f"--assignment-key-file {path}: holds {len(key)} bytes; a key needs at least "
+            f"{MIN_KEY_BYTES} (the Helm chart makes one of 48 random characters)"
+        )
+    return key
+
+
 async def _check_reachable(connection: Connection) -> None:
     """Fail at startup with one line (``UnreachableError``), not Kopf retrying in its logs."""
     async with Kube(connection, retry=RetryPolicy(attempts=3, budget_s=10.0)) as kube:
@@ -324,6 +354,7 @@ def run(args: argparse.Namespace) -> int:
         priority=args.priority,
         json_logs=args.log_format == "json",
         verbose=args.verbose,
+        assignment_key=read_assignment_key(args.assignment_key_file),
     )
     run_operator(options)
     return 0

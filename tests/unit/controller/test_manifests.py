@@ -4,6 +4,7 @@ read-only root and its bounded /tmp); and the job's NetworkPolicy."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from typing import Any
@@ -18,6 +19,7 @@ from elastra.controller.decide.manifests import (
     WORKER_UID,
     RankSpec,
     assignment_json,
+    assignment_key_secret,
     headless_service,
     network_policy,
     owner_reference,
@@ -33,6 +35,7 @@ from elastra.planner.inventory import parse_inventory
 from elastra.planner.scheduling import NodeFacts, PodConstraints, PodToleration, Taint, refusal
 from elastra_worker.assignment import ParallelPlan, parse_assignment
 from elastra_worker.metrics import READY_PATH
+from elastra_worker.push import KEY_FILE
 from tests.cases.specs import DELETE, FULL_TEMPLATE, TEMPLATE, apply_edits, base_manifest
 from tests.unit.planner.nodes import node as planner_node
 from tests.unit.planner.nodes import node_list
@@ -107,6 +110,36 @@ def test_configmap_volume_is_added_and_mounted_beside_elastras() -> None:
     assert mounts["/etc/train"] == {"name": "config", "mountPath": "/etc/train", "readOnly": True}
     assert mounts["/etc/elastra"]["name"] == "assignment"
     assert mounts["/checkpoints"]["name"] == "checkpoints"
+
+
+def test_the_assignment_volume_shows_the_annotation_and_the_jobs_key() -> None:
+    """The pod's file and the key of pushed assignments share one directory; the key's Secret
+    is optional, so a pod starts (and works from its file) without it."""
+    pod = build()
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "assignment"]
+    annotation, key = volume["projected"]["sources"]
+    field = annotation["downwardAPI"]["items"][0]
+    assert field == {
+        "path": "assignment",
+        "fieldRef": {"fieldPath": f"metadata.annotations['{ANNOTATION_ASSIGNMENT}']"},
+    }
+    assert key["secret"] == {
+        "name": "gpt-assignment-key",
+        "items": [{"key": KEY_FILE, "path": KEY_FILE}],
+        "optional": True,
+    }
+    env = {e["name"]: e.get("value") for e in container(pod, "worker")["env"]}
+    assert env["ELASTRA_ASSIGNMENT_FILE"] == "/etc/elastra/assignment"
+
+
+def test_the_key_secret_is_the_jobs_and_holds_the_key() -> None:
+    job, service = job_and_service()
+    secret = assignment_key_secret(job, b"k" * 32)
+    assert secret["metadata"]["name"] == "gpt-assignment-key"
+    assert secret["metadata"]["namespace"] == "team-a"
+    assert secret["metadata"]["ownerReferences"] == service["metadata"]["ownerReferences"]
+    assert secret["immutable"] is True
+    assert base64.b64decode(secret["data"][KEY_FILE]) == b"k" * 32
 
 
 def requested(resource: str) -> dict[str, str]:

@@ -42,6 +42,7 @@ them with what exists and sends only the difference. Choices a reader should kno
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from collections.abc import Mapping
@@ -61,12 +62,14 @@ from elastra.api.podtemplate import (
     TemplateContainer,
     TemplateMetadata,
 )
+from elastra.controller.decide.assignment_key import key_source, secret_name
 from elastra.controller.settings import OperatorSettings
 from elastra.planner.catalog import GPU_RESOURCES, NVIDIA_GPU, resource_of, selected
 from elastra.planner.eligibility import WorkerConstraints, is_extended, requested_toleration
 from elastra.planner.scheduling import PodConstraints, PodToleration
 from elastra_worker.assignment import Assignment, CheckpointPolicy, ParallelPlan
 from elastra_worker.metrics import READY_PATH
+from elastra_worker.push import KEY_FILE
 from elastra_worker.torchrun import MAX_RESTARTS_ENV
 
 LABEL_JOB = "elastra.dev/job"
@@ -236,6 +239,25 @@ def headless_service(job: TrainingJob) -> dict[str, Any]:
             "publishNotReadyAddresses": True,
             "ports": [{"name": "rendezvous", "port": 29500, "protocol": "TCP"}],
         },
+    }
+
+
+def assignment_key_secret(job: TrainingJob, key: bytes) -> dict[str, Any]:
+    """The Secret that holds the key of the job's pushed assignments (``assignment_key``),
+    owned by the job like its Service; immutable: a job keeps one key for its life."""
+    name = job.metadata.name
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": secret_name(name),
+            "namespace": job.metadata.namespace,
+            "labels": {LABEL_JOB: name, "app.kubernetes.io/managed-by": "elastra"},
+            "ownerReferences": [owner_reference(job)],
+        },
+        "type": "Opaque",
+        "immutable": True,
+        "data": {KEY_FILE: base64.b64encode(key).decode()},
     }
 
 
@@ -619,8 +641,17 @@ def _elastra_volumes(job: TrainingJob, settings: OperatorSettings) -> list[dict[
     volumes: list[dict[str, Any]] = [
         {
             "name": "assignment",
-            "downwardAPI": {
-                "items": [{"path": "assignment", "fieldRef": {"fieldPath": assignment_field}}]
+            "projected": {
+                "sources": [
+                    {
+                        "downwardAPI": {
+                            "items": [
+                                {"path": "assignment", "fieldRef": {"fieldPath": assignment_field}}
+                            ]
+                        }
+                    },
+                    key_source(job.metadata.name),
+                ]
             },
         },
         {"name": "checkpoints", **checkpoint_volume},

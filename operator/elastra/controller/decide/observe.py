@@ -395,11 +395,27 @@ def rank0_address(
     if leader is None or not job.status.world.ranks:
         return None
     pod = next((p for p in pods if (p.get("metadata") or {}).get("name") == leader), None)
-    if pod is None or (pod.get("status") or {}).get("phase") != "Running":
+    if pod is None:
         return None
     node_name = (pod.get("spec") or {}).get("nodeName")
     node = next((n for n in nodes if (n.get("metadata") or {}).get("name") == node_name), None)
+    return pod_address(pod, node, skip)
+
+
+def pod_address(
+    pod: Mapping[str, Any], node: Mapping[str, Any] | None, skip: Sequence[str]
+) -> str | None:
+    """The IP of ``pod`` when it is running on ``node``, a real (not simulated) node; else
+    ``None``: there is no agent to reach."""
+    if (pod.get("status") or {}).get("phase") != "Running":
+        return None
     if node is None or simulated(node, skip):
         return None
     ip = (pod.get("status") or {}).get("podIP")
     return str(ip) if ip else None
+
+
+def agent_url(address: str, port: int, path: str) -> str:
+    """The URL of ``path`` on a pod's agent (an IPv6 address in brackets)."""
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{port}{path}"

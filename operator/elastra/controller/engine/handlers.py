@@ -40,6 +40,7 @@ from elastra.controller.decide.manifests import LABEL_JOB
 from elastra.controller.engine import metrics
 from elastra.controller.engine.leader import LeaderElector
 from elastra.controller.engine.progress import ProgressReader
+from elastra.controller.engine.push import AssignmentPusher
 from elastra.controller.engine.reconcile import reconcile, utc_now
 from elastra.controller.engine.snapshot import ClusterSnapshot, job_of
 from elastra.controller.settings import OperatorSettings
@@ -79,6 +80,7 @@ class Runtime:
     snapshot: ClusterSnapshot
     leader: LeaderElector
     progress: ProgressReader | None = None
+    pusher: AssignmentPusher | None = None
     loops: dict[JobKey, JobLoop] = field(default_factory=dict)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
     """The operator's own long-running tasks (informers, leader election, node checks)."""
@@ -204,6 +206,7 @@ class Runtime:
                 name,
                 settings=self.settings,
                 progress=self.progress,
+                pusher=self.pusher,
             )
         except TRANSIENT_ERRORS as err:
             log.warning(

@@ -24,6 +24,12 @@ RECONCILE_SECONDS = Histogram(
 )
 PODS_CREATED = Counter("elastra_pods_created_total", "Worker pods created (placements)")
 RESIZES = Counter("elastra_resizes_total", "New world versions formed", ["reason"])
+ASSIGNMENT_PUSHES = Counter(
+    "elastra_assignment_pushes_total",
+    "Assignments pushed to worker agents ahead of the kubelet (engine/push.py), by how the "
+    "agent answered: taken, stale (it knew that world version already), refused, unreachable",
+    ["result"],
+)
 RESIZE_DOWNTIME = Histogram(
     "elastra_resize_downtime_seconds",
     "From the end of the step a new world resumed from to the end of its first step, as its "

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,7 @@ from elastra.controller.engine.leader import LeaderElector, identity
 from elastra.controller.engine.nodeliveness import NodeLiveness
 from elastra.controller.engine.nodewarnings import NodeWarnings
 from elastra.controller.engine.progress import ProgressReader
+from elastra.controller.engine.push import AssignmentPusher
 from elastra.controller.engine.snapshot import ClusterSnapshot
 from elastra.controller.settings import OperatorSettings
 from elastra.elastic.share import Scope
@@ -66,6 +68,9 @@ class RunOptions:
     """Create that Lease if missing (``False``: the Helm chart owns it)."""
     json_logs: bool = True
     verbose: bool = False
+    assignment_key: bytes = b""
+    """The key the jobs' push keys derive from (``--assignment-key-file``); empty: a key of
+    this run only (``_assignment_pusher``)."""
 
 
 async def _tell_synced(snapshot: ClusterSnapshot) -> None:
@@ -92,6 +97,7 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
         kube=kube, namespace=options.lease_namespace, me=identity(), create=options.create_lease
     )
     progress = ProgressReader(options.settings)
+    pusher = _assignment_pusher(options)
     snapshot = ClusterSnapshot.watching(
         kube,
         watch_timeout_s=options.settings.watch_timeout.total_seconds(),
@@ -103,6 +109,7 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
         snapshot=snapshot,
         leader=leader,
         progress=progress,
+        pusher=pusher,
     )
     rt.listen()
     electing = asyncio.create_task(leader.run(), name="leader election")
@@ -144,7 +151,23 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
             await leader.release()
         await rt.stop_all()
         await progress.close()
+        await pusher.close()
         await kube.close()
+
+
+def _assignment_pusher(options: RunOptions) -> AssignmentPusher:
+    """The pusher, its key the one given or, without one, a key of this run: then a restarted
+    operator's pushes to the pods of jobs it found running are refused (their Secret holds a
+    key derived from the old one), and those pods learn assignments from their file alone."""
+    key = options.assignment_key
+    if not key:
+        log.info(
+            "no --assignment-key-file: assignments pushed to workers are signed with a key of "
+            "this run only; after a restart, jobs already running learn theirs from the pod "
+            "file alone (the Helm chart gives the operator a lasting key)"
+        )
+        key = secrets.token_bytes(32)
+    return AssignmentPusher(options.settings, key)
 
 
 async def _with_request_class(kube: Kube, settings: OperatorSettings) -> OperatorSettings:

@@ -22,7 +22,12 @@ from typing import Any
 import aiohttp
 
 from elastra.api import TrainingJob
-from elastra.controller.decide.observe import WorkerProgress, parse_metrics, rank0_address
+from elastra.controller.decide.observe import (
+    WorkerProgress,
+    agent_url,
+    parse_metrics,
+    rank0_address,
+)
 from elastra.controller.settings import OperatorSettings
 
 JsonDict = Mapping[str, Any]
@@ -80,8 +85,7 @@ class ProgressReader:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s)
             )
-        host = f"[{address}]" if ":" in address else address
-        url = f"http://{host}:{self.settings.metrics_port}/metrics"
+        url = agent_url(address, self.settings.metrics_port, "/metrics")
         try:
             return await fetch_metrics(self._session, url), True
         except (TimeoutError, aiohttp.ClientError, OSError):

@@ -33,12 +33,18 @@ from elastra.api import (
 from elastra.api.reasons import Reason
 from elastra.controller.decide import admission
 from elastra.controller.decide.conditions import invalid_spec_status
-from elastra.controller.decide.manifests import headless_service, is_gated, network_policy
+from elastra.controller.decide.manifests import (
+    ANNOTATION_ASSIGNMENT,
+    headless_service,
+    is_gated,
+    network_policy,
+)
 from elastra.controller.decide.observe import WorkerProgress
 from elastra.controller.decide.passplan import EventType, Observation, PassWrites, plan_pass
 from elastra.controller.decide.status_changes import changed_fields
 from elastra.controller.engine import metrics
 from elastra.controller.engine.progress import ProgressReader
+from elastra.controller.engine.push import AssignmentPusher, PodPush
 from elastra.controller.engine.snapshot import ClusterSnapshot
 from elastra.controller.settings import OperatorSettings
 from elastra.errors import UserError
@@ -65,11 +71,13 @@ async def reconcile(
     settings: OperatorSettings,
     clock: Clock = utc_now,
     progress: ProgressReader | None = None,
+    pusher: AssignmentPusher | None = None,
 ) -> Requeue:
     """Run one pass over a job; returns when the next pass is due.
 
     With a ``progress`` reader, a job whose rank 0 runs on a real node gets a pass at least
-    every ``progress.interval_s`` so ``status.progress`` follows training.
+    every ``progress.interval_s`` so ``status.progress`` follows training. With a ``pusher``,
+    the job has a key Secret and each assignment patch is also pushed to its pod's agent.
     """
     started = time.monotonic()
     try:
@@ -94,7 +102,15 @@ async def reconcile(
         plan = plan_pass(observed, settings, now)
         snapshot.reserve((*plan.creates, *plan.request_creates))
         await _apply(
-            kube, snapshot, raw, plan, service=headless_service(job), settings=settings, now=now
+            kube,
+            snapshot,
+            raw,
+            plan,
+            service=headless_service(job),
+            settings=settings,
+            now=now,
+            key_secret=pusher.key_secret(job) if pusher else None,
+            push=pusher.to_job(job, lambda node: snapshot.nodes.get("", node)) if pusher else None,
         )
         _log_pass(raw, _writes(raw, plan))
         metrics.observe_job(namespace, name, plan.status)
@@ -158,6 +174,8 @@ async def _apply(
     service: dict[str, Any],
     settings: OperatorSettings,
     now: datetime,
+    key_secret: dict[str, Any] | None,
+    push: PodPush | None,
 ) -> None:
     """Write the plan in the protocol's order; reservations of creates not made are dropped.
 
@@ -182,7 +200,14 @@ async def _apply(
                 settings=settings,
             ),
             _create_and_record(
-                kube, snapshot, raw, plan, service=service, settings=settings, now=now
+                kube,
+                snapshot,
+                raw,
+                plan,
+                service=service,
+                key_secret=key_secret,
+                settings=settings,
+                now=now,
             ),
         )
         if plan.workload_delete:
@@ -190,10 +215,10 @@ async def _apply(
         if plan.workload_create:
             await workloads.create_workload(kube, namespace, plan.workload_create)
         await _delete_pods(kube, namespace, plan, settings)
-        await _patch_pods(kube, snapshot, namespace, plan.patches, settings)
+        await _patch_pods(kube, snapshot, namespace, plan.patches, settings, push=push)
         ungate = tuple((p, {"spec": {"schedulingGates": None}}) for p in plan.ungate)
         await _together(
-            _patch_pods(kube, snapshot, namespace, ungate, settings),
+            _patch_pods(kube, snapshot, namespace, ungate, settings, push=None),
             *(
                 events.record_event(kube, raw, kind=e.type, reason=e.reason, message=e.message)
                 for e in plan.events
@@ -213,6 +238,7 @@ async def _create_and_record(
     plan: PassWrites,
     *,
     service: dict[str, Any],
+    key_secret: dict[str, Any] | None,
     settings: OperatorSettings,
     now: datetime,
 ) -> None:
@@ -230,7 +256,7 @@ async def _create_and_record(
     gated = [p for p in plan.creates if is_gated(p)]
     last = [p for p in plan.creates if not is_gated(p)]
     policy = (
-        [_ensure_service_and_policy(kube, namespace, service, settings)]
+        [_ensure_children_of_job(kube, namespace, service, key_secret, settings)]
         if plan.creates or plan.ungate
         else []
     )
@@ -247,12 +273,19 @@ async def _create_and_record(
         await _write_status(kube, snapshot, raw, plan, now)
 
 
-async def _ensure_service_and_policy(
-    kube: Kube, namespace: str, service: dict[str, Any], settings: OperatorSettings
+async def _ensure_children_of_job(
+    kube: Kube,
+    namespace: str,
+    service: dict[str, Any],
+    key_secret: dict[str, Any] | None,
+    settings: OperatorSettings,
 ) -> None:
+    """What the job's pods need before they start: the Service, the NetworkPolicy, and the
+    key Secret their ``assignment`` volume shows them (``None``: nothing is pushed)."""
     await asyncio.gather(
         resources.ensure_service(kube, namespace, service),
         resources.ensure_network_policy(kube, namespace, network_policy(service, settings)),
+        resources.ensure_secret(kube, namespace, key_secret),
     )
 
 
@@ -367,12 +400,20 @@ async def _patch_pods(
     namespace: str,
     patches: Sequence[tuple[str, JsonDict]],
     settings: OperatorSettings,
+    *,
+    push: PodPush | None,
 ) -> None:
-    """Merge-patch pods; each answer goes into the cache (or the pod's reservation)."""
+    """Merge-patch pods; each answer goes into the cache (or the pod's reservation), and to
+    ``push`` where the patch changed the pod's assignment."""
 
     async def patch(name: str, body: JsonDict) -> None:
         before = snapshot.current_pod(namespace, name)
-        snapshot.wrote_pod(before, await resources.patch_pod(kube, namespace, name, body))
+        answer = await resources.patch_pod(kube, namespace, name, body)
+        snapshot.wrote_pod(before, answer)
+        if push is not None and ANNOTATION_ASSIGNMENT in (
+            body.get("metadata", {}).get("annotations") or {}
+        ):
+            push(answer)
 
     await gather_limited(settings.concurrency, *(patch(p, body) for p, body in patches))
 

@@ -1,0 +1,132 @@
+"""Each new assignment, pushed to its pod's agent as soon as the pod's patch is written.
+
+The annotation stays the record, and the pod's downward-API file its durable copy; but the
+kubelet sometimes remounts that file with the old content and writes the new one only at the
+pod's next periodic sync, 10 to 90 s later (``decide.assignment_key``). So after a patch
+that changes a pod's assignment, the operator also POSTs the same JSON to the pod's agent on
+the metrics port it already reads progress from, signed with the job's key. The agent takes
+it only when it is a newer world version than its file says (``elastra_worker.push``).
+
+A push is best effort and never holds a pass: it runs as a task beside it, to pods running
+on real nodes only (never to a simulated node's address, like the progress reader), and its
+failure changes nothing but the time the pod learns its assignment: the file still brings it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from elastra.api import TrainingJob
+from elastra.controller.decide.assignment_key import job_key
+from elastra.controller.decide.manifests import ANNOTATION_ASSIGNMENT, assignment_key_secret
+from elastra.controller.decide.observe import agent_url, pod_address
+from elastra.controller.engine import metrics
+from elastra.controller.settings import OperatorSettings
+from elastra_worker.push import NOT_NEWER, PUSH_PATH, SIGNATURE_HEADER, TAKEN, signature
+
+JsonDict = Mapping[str, Any]
+NodeOf = Callable[[str], JsonDict | None]
+"""The cached node of a name (``None``: not known)."""
+PodPush = Callable[[JsonDict | None], bool]
+"""Push the assignment of a pod as a patch's answer shows it (``None``: the pod is gone);
+whether a push was started (none where no agent of the pod can answer)."""
+MAX_ANSWER_BYTES = 512
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AssignmentPusher:
+    """Signs and sends pushed assignments; one per operator, its HTTP session shared."""
+
+    settings: OperatorSettings
+    operator_key: bytes
+    """The key every job's key is derived from (``--assignment-key-file``)."""
+    timeout_s: float = 2.0
+    _session: aiohttp.ClientSession | None = None
+    _inflight: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def _job_key(self, job: TrainingJob) -> bytes:
+        meta = job.metadata
+        return job_key(self.operator_key, meta.namespace or "", meta.name, meta.uid or "")
+
+    def key_secret(self, job: TrainingJob) -> dict[str, Any]:
+        """The job's key Secret, to create with its Service (before any of its pods)."""
+        return assignment_key_secret(job, self._job_key(job))
+
+    def to_job(self, job: TrainingJob, node_of: NodeOf) -> PodPush:
+        """What pushes the assignments of ``job``'s pods (its key derived once per pass)."""
+        key = self._job_key(job)
+
+        def push(pod: JsonDict | None) -> bool:
+            if pod is None:
+                return False
+            node = node_of(str((pod.get("spec") or {}).get("nodeName") or ""))
+            address = pod_address(pod, node, self.settings.skip_metrics_labels)
+            meta = pod.get("metadata") or {}
+            body = str((meta.get("annotations") or {}).get(ANNOTATION_ASSIGNMENT) or "")
+            if address is None or not body:
+                return False
+            name = str(meta.get("name") or "")
+            task = asyncio.create_task(
+                self._send(
+                    agent_url(address, self.settings.metrics_port, PUSH_PATH),
+                    body.encode(),
+                    signature(key, name, body.encode()),
+                    where=f"{meta.get('namespace')}/{name}",
+                ),
+                name=f"push assignment {name}",
+            )
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+            return True
+
+        return push
+
+    async def _send(self, url: str, body: bytes, signed: str, *, where: str) -> None:
+        """POST one assignment; count and log how it went, raise nothing."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            )
+        headers = {SIGNATURE_HEADER: signed, "Content-Type": "application/json"}
+        try:
+            async with self._session.post(url, data=body, headers=headers) as answer:
+                said = (await answer.content.read(MAX_ANSWER_BYTES)).decode(errors="replace")
+                status = answer.status
+        except (TimeoutError, aiohttp.ClientError, OSError) as err:
+            metrics.ASSIGNMENT_PUSHES.labels(result="unreachable").inc()
+            log.debug("pod %s: assignment not pushed (%s); its file brings it", where, err)
+            return
+        result = _result(status, said)
+        metrics.ASSIGNMENT_PUSHES.labels(result=result).inc()
+        if result == "refused":
+            log.info(
+                "pod %s: its agent refused a pushed assignment (%d %s); its file brings it",
+                where, status, said.strip(),
+            )  # fmt: skip
+        else:
+            log.debug("pod %s: assignment pushed: %s", where, said.strip())
+
+    async def close(self) -> None:
+        """End the pushes in flight and close the HTTP session."""
+        for task in list(self._inflight):
+            task.cancel()
+        await asyncio.gather(*self._inflight, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+
+def _result(status: int, said: str) -> str:
+    """How an agent answered a push, for ``ASSIGNMENT_PUSHES``: an agent from before pushes
+    existed answers 200 with its metrics page, which is a refusal, not a delivery."""
+    if status == 200 and said.startswith(TAKEN):
+        return "taken"
+    if status == 200 and said.startswith(NOT_NEWER):
+        return "stale"
+    return "refused"

@@ -1,0 +1,163 @@
+"""Pushed assignments, operator side: whom the operator pushes to, and what a real agent's
+endpoint (``elastra_worker.metrics.serve``) makes of it.
+
+The agent here is the worker's own HTTP endpoint on a loopback port, with the key file the
+job's Secret would project: a push it takes is one a pod would take.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from elastra.api import TrainingJob, parse_trainingjob
+from elastra.controller.decide.assignment_key import job_key
+from elastra.controller.decide.manifests import ANNOTATION_ASSIGNMENT, assignment_json
+from elastra.controller.engine.push import AssignmentPusher
+from elastra.controller.settings import OperatorSettings
+from elastra_worker.launcher import free_port
+from elastra_worker.metrics import WorkerCollector, serve
+from elastra_worker.push import KEY_FILE, PushedAssignments
+from tests.cases.specs import base_manifest
+
+OPERATOR_KEY = b"operator-key-" * 3
+REAL = {"metadata": {"name": "real-1", "labels": {}}}
+KWOK = {"metadata": {"name": "kwok-1", "labels": {"type": "kwok"}}}
+NODES = {n["metadata"]["name"]: n for n in (REAL, KWOK)}
+
+
+def gpt() -> TrainingJob:
+    body = base_manifest("gpt")
+    body["metadata"].update(namespace="team-a", uid="u-1")
+    return parse_trainingjob(body)
+
+
+def pod(version: int, *, node: str = "real-1", phase: str = "Running") -> dict[str, Any]:
+    """Pod gpt-w0 as a patch's answer shows it, carrying a waiting assignment of ``version``."""
+    assignment = assignment_json(
+        gpt(), version=version, rank=None, stop=False, settings=OperatorSettings()
+    )
+    return {
+        "metadata": {
+            "name": "gpt-w0",
+            "namespace": "team-a",
+            "annotations": {ANNOTATION_ASSIGNMENT: assignment},
+        },
+        "spec": {"nodeName": node},
+        "status": {"phase": phase, "podIP": "127.0.0.1"},
+    }
+
+
+@dataclass
+class Agent:
+    """A worker's endpoint on a loopback port, and what it was pushed."""
+
+    port: int
+    pushes: PushedAssignments
+
+    def version(self) -> int | None:
+        newest = self.pushes.newest(None)
+        return None if newest is None else newest.world_version
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Agent:
+    """The pod's agent, its key file the one the job's Secret holds."""
+    job = gpt()
+    key = job_key(OPERATOR_KEY, "team-a", "gpt", job.metadata.uid or "")
+    (tmp_path / KEY_FILE).write_bytes(key)
+    pushes = PushedAssignments(tmp_path / KEY_FILE, "gpt-w0")
+    port = free_port()
+    serve(port, WorkerCollector(dict, dict), warm=lambda: True, pushes=pushes)
+    return Agent(port, pushes)
+
+
+def pusher_to(port: int, key: bytes = OPERATOR_KEY) -> AssignmentPusher:
+    return AssignmentPusher(OperatorSettings(metrics_port=port), key)
+
+
+def pushes(result: str) -> float:
+    return REGISTRY.get_sample_value("elastra_assignment_pushes_total", {"result": result}) or 0.0
+
+
+async def counted(result: str, before: float, *, timeout: float = 10.0) -> None:
+    """Wait until one more push ended with ``result`` (pushes run beside the pass)."""
+    deadline = time.monotonic() + timeout
+    while pushes(result) < before + 1:
+        assert time.monotonic() < deadline, f"no push counted as {result} in {timeout}s"
+        await asyncio.sleep(0.02)
+
+
+def test_a_patched_assignment_reaches_the_agent_signed_with_the_jobs_key(agent: Agent) -> None:
+    async def scenario() -> None:
+        pusher = pusher_to(agent.port)
+        push = pusher.to_job(gpt(), NODES.get)
+        before = pushes("taken")
+        assert push(pod(3))
+        await counted("taken", before)
+        assert agent.version() == 3
+        stale = pushes("stale")
+        assert push(pod(2))  # a push overtaken by a newer one is answered, not taken
+        await counted("stale", stale)
+        assert agent.version() == 3
+        await pusher.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_push_signed_with_another_key_is_refused(agent: Agent) -> None:
+    async def scenario() -> None:
+        other = pusher_to(agent.port, b"another-key-" * 3)
+        before = pushes("refused")
+        assert other.to_job(gpt(), NODES.get)(pod(3))
+        await counted("refused", before)
+        assert agent.version() is None
+        await other.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(None, id="pod gone"),
+        pytest.param(pod(3, node="kwok-1"), id="simulated node: its address is nobody's"),
+        pytest.param(pod(3, node="unknown"), id="node not cached"),
+        pytest.param(pod(3, phase="Pending"), id="not running: no agent yet"),
+    ],
+)
+def test_no_push_where_no_agent_of_the_pod_can_answer(
+    agent: Agent, answer: dict[str, Any] | None
+) -> None:
+    async def scenario() -> bool:
+        pusher = pusher_to(agent.port)
+        started = pusher.to_job(gpt(), NODES.get)(answer)
+        await pusher.close()
+        return started
+
+    assert not asyncio.run(scenario())
+    assert agent.version() is None
+
+
+def test_an_agent_that_does_not_answer_costs_the_pass_nothing() -> None:
+    async def scenario() -> None:
+        pusher = pusher_to(free_port())  # nothing listens there
+        before = pushes("unreachable")
+        assert pusher.to_job(gpt(), NODES.get)(pod(3))  # returns at once, the push runs on
+        await counted("unreachable", before)
+        await pusher.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_key_secret_holds_the_key_the_pushes_are_signed_with(agent: Agent) -> None:
+    """What the operator creates is what the pod's key file then holds (base64 in the API)."""
+    secret = pusher_to(agent.port).key_secret(gpt())
+    assert base64.b64decode(secret["data"][KEY_FILE]) == agent.pushes.key_file.read_bytes()
