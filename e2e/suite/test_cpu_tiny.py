@@ -98,9 +98,20 @@ def test_scale_down_to_two_then_up_to_three(elastra: Elastra) -> None:
     job = elastra.job
     seen_before = list(job.versions)
     two = _grow_or_shrink(elastra, 2)
+    stayed = set(job.status()["world"]["ranks"])
     three = _grow_or_shrink(elastra, 3)
     assert seen_before[-1] < two < three, job.versions
     assert job.versions == sorted(set(job.versions)), "world versions only grow"
+    # The pods that stayed had each new assignment pushed to their agent by the operator (signed
+    # with the job's key), not only written to their annotation.
+    logs = {
+        pod: elastra.kube.kubectl("logs", "-n", job.namespace, pod, "-c", "worker", check=False)
+        for pod in sorted(stayed)
+    }
+    for version in (two, three):
+        line = f"assignment of world version {version} pushed by the operator"
+        unpushed = [pod for pod, text in logs.items() if line not in text]
+        assert unpushed == [], (line, {pod: logs[pod][-3000:] for pod in unpushed})
 
 
 def test_a_deleted_worker_pod_is_replaced_and_training_resumes(elastra: Elastra) -> None:

@@ -104,7 +104,7 @@ class PushedAssignments:
             if current is not None and pushed.world_version <= current.world_version:
                 return 200, NOT_NEWER
             self._pushed = pushed
-        log.debug("pushed assignment of world version %d taken", pushed.world_version)
+        log.info("assignment of world version %d pushed by the operator", pushed.world_version)
         return 200, TAKEN
 
     def refuse(self, status: int, message: str) -> tuple[int, str]:
