@@ -338,6 +338,9 @@ def test_the_operator_reads_its_assignment_key_from_the_charts_secret(
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert mount["readOnly"] is True
     assert volumes[mount["name"]]["secret"]["secretName"] == secret["metadata"]["name"]
+    # The operator runs as a user that is not root: the file is its group's, readable by it.
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+    assert volumes[mount["name"]]["secret"]["defaultMode"] & 0o040
     assert path.name in secret["data"]
 
 
