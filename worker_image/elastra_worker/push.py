@@ -51,11 +51,6 @@ _SIGNATURE_PREFIX = "sha256="
 def signature(key: bytes, pod: str, body: bytes) -> str:
     """The ``SIGNATURE_HEADER`` value of a push of ``body`` to ``pod``:
     ``sha256=`` and the hex HMAC-SHA256 of the pod's name, a newline and the body."""
-    return _sign(key, pod, body)
-
-
-def _sign(key: bytes, pod: str, body: bytes) -> str:
-    """``signature`` under a name that ``PushedAssignments.accept``'s argument does not hide."""
     mac = hmac.new(key, pod.encode() + b"\n" + body, hashlib.sha256)
     return _SIGNATURE_PREFIX + mac.hexdigest()
 
@@ -75,9 +70,9 @@ class PushedAssignments:
         self._refusals_logged: set[int] = set()
         self._ahead_logged: int | None = None
 
-    def accept(self, body: bytes, signature: str | None) -> tuple[int, str]:
+    def accept(self, body: bytes, signed: str | None) -> tuple[int, str]:
         """Take a pushed ``body`` (the assignment JSON exactly as in the annotation) signed with
-        ``signature`` (the header's value); return an HTTP status code and a one-line message.
+        ``signed`` (the header's value); return an HTTP status code and a one-line message.
 
         413: too large; 503: no key to check with (yet); 403: unsigned or wrongly signed; 400:
         not a valid assignment; 200 ``TAKEN`` when newer than every push so far, else 200
@@ -88,10 +83,10 @@ class PushedAssignments:
         key = self._key()
         if key is None:
             return self.refuse(503, f"no assignment key in {self.key_file}: pushes not taken")
-        if signature is None:
+        if signed is None:
             return self.refuse(403, f"no {SIGNATURE_HEADER} header")
-        expected = _sign(key, self.pod, body)
-        if not hmac.compare_digest(expected.encode(), signature.encode()):
+        expected = signature(key, self.pod, body)
+        if not hmac.compare_digest(expected.encode(), signed.encode()):
             return self.refuse(403, f"wrong {SIGNATURE_HEADER} for pod {self.pod}")
         try:
             pushed = parse_assignment(body.decode("utf-8"))

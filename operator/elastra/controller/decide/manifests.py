@@ -69,7 +69,7 @@ from elastra.planner.eligibility import WorkerConstraints, is_extended, requeste
 from elastra.planner.scheduling import PodConstraints, PodToleration
 from elastra_worker.assignment import Assignment, CheckpointPolicy, ParallelPlan
 from elastra_worker.metrics import READY_PATH
-from elastra_worker.push import KEY_FILE
+from elastra_worker.push import KEY_FILE, POD_NAME_ENV
 from elastra_worker.torchrun import MAX_RESTARTS_ENV
 
 LABEL_JOB = "elastra.dev/job"
@@ -214,6 +214,17 @@ def owner_reference(job: TrainingJob) -> dict[str, Any]:
     }
 
 
+def _owned_metadata(job: TrainingJob, name: str) -> dict[str, Any]:
+    """Metadata of a child made once per job (its Service, its key Secret): in the job's
+    namespace, labelled with it, owned by it."""
+    return {
+        "name": name,
+        "namespace": job.metadata.namespace,
+        "labels": {LABEL_JOB: job.metadata.name, "app.kubernetes.io/managed-by": "elastra"},
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
 def headless_service(job: TrainingJob) -> dict[str, Any]:
     """The DNS name ``<rank 0's pod>.<job>.<namespace>.svc`` that workers rendezvous at.
 
@@ -227,12 +238,7 @@ def headless_service(job: TrainingJob) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": name,
-            "namespace": job.metadata.namespace,
-            "labels": {LABEL_JOB: name, "app.kubernetes.io/managed-by": "elastra"},
-            "ownerReferences": [owner_reference(job)],
-        },
+        "metadata": _owned_metadata(job, name),
         "spec": {
             "clusterIP": "None",
             "selector": {LABEL_JOB: name, LABEL_LEADER: "true"},
@@ -245,16 +251,10 @@ def headless_service(job: TrainingJob) -> dict[str, Any]:
 def assignment_key_secret(job: TrainingJob, key: bytes) -> dict[str, Any]:
     """The Secret that holds the key of the job's pushed assignments (``assignment_key``),
     owned by the job like its Service; immutable: a job keeps one key for its life."""
-    name = job.metadata.name
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {
-            "name": secret_name(name),
-            "namespace": job.metadata.namespace,
-            "labels": {LABEL_JOB: name, "app.kubernetes.io/managed-by": "elastra"},
-            "ownerReferences": [owner_reference(job)],
-        },
+        "metadata": _owned_metadata(job, secret_name(job.metadata.name)),
         "type": "Opaque",
         "immutable": True,
         "data": {KEY_FILE: base64.b64encode(key).decode()},
@@ -557,7 +557,7 @@ def _worker_container(
     env += [
         {"name": "ELASTRA_ASSIGNMENT_FILE", "value": f"{ASSIGNMENT_DIR}/assignment"},
         {"name": "ELASTRA_METRICS_PORT", "value": str(settings.metrics_port)},
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "ELASTRA_LAUNCH", "value": str(worker.launch)},
         # torchrun mode shows it to the script as TORCHELASTIC_MAX_RESTARTS.
         {"name": MAX_RESTARTS_ENV, "value": str(job.spec.failure_policy.max_restarts)},
