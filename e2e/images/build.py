@@ -45,12 +45,19 @@ USERADD_OPTIONS = ["--no-log-init", "--create-home"]
 """--no-log-init: no lastlog/faillog entry, which for a high uid is a sparse file that an image
 layer stores whole."""
 APP_ROOT = "opt/elastra"
-WORKER_REQUIREMENTS = ["torch", "numpy", "prometheus-client", "pyyaml", "s3fs"]
+WORKER_REQUIREMENTS = ["torch", "numpy", "prometheus-client", "pyyaml", "s3fs", "cryptography"]
 WORKER_APP_DIRS = ("elastra_worker", "examples")
 """worker_image/<dir> -> /opt/elastra/<dir>; the repository's examples/ is not in any image."""
 WORKER_ENTRYPOINT = ["python3", "-m", "elastra_worker.cli", "run", "--"]
 WORKER_CMD = ["python3", "/opt/elastra/examples/train_tiny_gpt.py"]
-OPERATOR_REQUIREMENTS = ["pydantic", "pyyaml", "kopf", "aiohttp", "prometheus-client"]
+OPERATOR_REQUIREMENTS = [
+    "pydantic",
+    "pyyaml",
+    "kopf",
+    "aiohttp",
+    "prometheus-client",
+    "cryptography",
+]
 """The elastra wheel's runtime dependencies (pyproject.toml [project] dependencies); not the
 kubernetes client, which only the tests import (the dev extra)."""
 OPERATOR_ENTRYPOINT = ["elastra", "run"]

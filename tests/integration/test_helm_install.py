@@ -3,7 +3,7 @@
 Why: the unit tests read the rendered chart; here the API server itself judges it. It admits
 the operator pod into a namespace that enforces Pod Security "restricted", its authorizer
 grants the operator's service account exactly the reviewed golden permissions (and denies
-reading secrets, exec and node writes), an operator running with that service account's token does
+secrets, exec and node writes), an operator running with that service account's token does
 its job without a single "forbidden", a namespace's `edit` users may run TrainingJobs and its
 `view` users only read them (the chart's aggregated roles), and `helm uninstall` leaves
 nothing behind. No image exists and no real node runs the operator pod, so the installed pod
@@ -167,6 +167,7 @@ def golden_attributes(release: Release) -> list[dict[str, str]]:
 DENIED = [
     {"verb": "get", "resource": "secrets", "namespace": "kube-system"},
     {"verb": "list", "resource": "secrets"},
+    {"verb": "create", "resource": "secrets", "namespace": "default"},
     {"verb": "create", "resource": "pods", "subresource": "exec", "namespace": "default"},
     {"verb": "get", "resource": "pods", "subresource": "log", "namespace": "default"},
     {"verb": "update", "resource": "pods", "namespace": "default"},

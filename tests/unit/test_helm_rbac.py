@@ -42,7 +42,6 @@ JOB_WRITES = {
     ("", "pods", "patch"),
     ("", "pods", "delete"),
     ("", "services", "create"),
-    ("", "secrets", "create"),
     ("networking.k8s.io", "networkpolicies", "create"),
 }
 CAPACITY_READS = {("", "pods", "list"), ("", "pods", "watch"), ("", "nodes", "list")}

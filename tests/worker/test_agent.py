@@ -26,13 +26,13 @@ from elastra_worker.agent import AgentConfig
 from elastra_worker.launcher import free_port
 from elastra_worker.layout import CheckpointRoot, pointer_step
 from elastra_worker.metrics import READY_PATH
-from elastra_worker.push import KEY_FILE, POD_NAME_ENV
+from elastra_worker.push import POD_UID_ENV, PUBLIC_KEY_ENV
 from elastra_worker.standby import warm_command
 
 from .conftest import EXAMPLE, quiet_env, wait_for
 from .test_metrics import get, post
 from .test_objectstore import s3, s3_endpoint  # noqa: F401 - fixtures
-from .test_push import KEY, POD
+from .test_push import POD_UID, PUBLIC
 
 FAKE_TRAINER = textwrap.dedent(
     """
@@ -325,9 +325,8 @@ def test_a_pushed_world_version_ahead_of_the_file_moves_the_running_world(tmp_pa
     """The kubelet is late to refresh the file (it remounted the old content): the operator's
     push of version 2 alone ends world 1 and starts world 2, while the file still says 1."""
     port = free_port()
-    (tmp_path / KEY_FILE).write_bytes(KEY)
     write(tmp_path, assignment(1, port=free_port()))
-    env = {POD_NAME_ENV: POD}
+    env = {POD_UID_ENV: POD_UID, PUBLIC_KEY_ENV: PUBLIC}
     proc = start_agent(tmp_path, [sys.executable, "-c", FAKE_TRAINER], metrics_port=port, env=env)
     try:
         wait_for(lambda: agent_state(tmp_path).get("phase") == "running", 30, "world version 1")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -15,10 +14,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from elastra_worker.assignment import MAX_FILE_BYTES
 from elastra_worker.launcher import free_port
 from elastra_worker.metrics import PEERS_LOST_METRIC, READY_PATH, WorkerCollector, serve
-from elastra_worker.push import KEY_FILE, PUSH_PATH, SIGNATURE_HEADER, PushedAssignments, signature
+from elastra_worker.push import PUSH_PATH, SIGNATURE_HEADER, PushedAssignments, sign
 from tests.unit.controller.test_progress import worker_page as page
 
-from .test_push import KEY, POD, body
+from .test_push import KEY, POD_UID, PUBLIC, body
 
 
 @pytest.mark.parametrize(
@@ -96,18 +95,15 @@ def test_the_ready_path_says_whether_the_agent_is_warm_and_other_paths_serve_met
 def post(
     base: str, payload: bytes, *, signed: bool, headers: dict[str, str] | None = None
 ) -> urllib.request.Request:
-    """A POST of ``payload`` to ``PUSH_PATH``, signed as the operator signs it for ``POD``."""
-    all_headers = {SIGNATURE_HEADER: signature(KEY, POD, payload)} if signed else {}
+    """A POST of ``payload`` to ``PUSH_PATH``, signed as the operator signs it for ``POD_UID``."""
+    all_headers = {SIGNATURE_HEADER: sign(KEY, POD_UID, payload)} if signed else {}
     all_headers.update(headers or {})
     return urllib.request.Request(base + PUSH_PATH, payload, all_headers, method="POST")
 
 
-def test_the_push_path_takes_a_signed_assignment_by_post_and_metrics_still_serve(
-    tmp_path: Path,
-) -> None:
-    (tmp_path / KEY_FILE).write_bytes(KEY)
+def test_the_push_path_takes_a_signed_assignment_by_post_and_metrics_still_serve() -> None:
     port = free_port()
-    pushes = PushedAssignments(tmp_path / KEY_FILE, POD)
+    pushes = PushedAssignments(PUBLIC, POD_UID)
     serve(port, WorkerCollector(lambda: {"step": 7}, dict), warm=lambda: True, pushes=pushes)
     base = f"http://127.0.0.1:{port}"
     too_long = {"Content-Length": str(MAX_FILE_BYTES + 1)}  # declared only: nothing is read

@@ -28,7 +28,7 @@ from .faults import Chaos
 from .launcher import MAX_FAILED_WORLDS, LaunchError, LocalJob, LocalLauncher, parse_fault
 from .lifeline import arm_from_env
 from .metrics import DEFAULT_METRICS_PORT, METRICS_PORT_ENV, WorkerCollector, serve
-from .push import KEY_FILE, POD_NAME_ENV, PushedAssignments
+from .push import POD_UID_ENV, PUBLIC_KEY_ENV, PushedAssignments
 from .schedule import Segment, check_plans, model_from_command, parse_schedule
 from .torchrun import LAUNCH_ENV, LAUNCHES, launch_from_env
 
@@ -49,8 +49,10 @@ def _run(args: argparse.Namespace, command: list[str]) -> int:
         static = assignment_from_env()  # no operator: torchrun-style variables
     control = Path(args.control_dir or tempfile.mkdtemp(prefix="elastra-control-"))
     # The operator's pushes (push.py), signed for this pod, only where a file can fall behind.
-    pod = os.environ.get(POD_NAME_ENV)
-    pushes = PushedAssignments(path.with_name(KEY_FILE), pod) if pod and not static else None
+    pod_uid = os.environ.get(POD_UID_ENV)
+    pushes = None
+    if pod_uid and not static:
+        pushes = PushedAssignments(os.environ.get(PUBLIC_KEY_ENV), pod_uid)
     agent = Agent(
         AgentConfig(
             command=command,

@@ -172,7 +172,7 @@ def _push(environ: WSGIEnvironment, pushes: PushedAssignments | None) -> tuple[i
     """The answer to a request on ``PUSH_PATH``: the body goes to ``pushes.accept`` once its
     declared length is known and within ``MAX_FILE_BYTES`` (nothing more is ever read)."""
     if pushes is None:
-        return 404, "this agent takes no pushed assignments (no assignment file or no POD_NAME)"
+        return 404, "this agent takes no pushed assignments (no assignment file or no POD_UID)"
     if environ.get("REQUEST_METHOD") != "POST":
         return 405, f"{PUSH_PATH} takes POST only"
     declared = environ.get("CONTENT_LENGTH") or ""

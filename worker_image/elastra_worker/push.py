@@ -13,46 +13,102 @@ agent acts on a pushed assignment only while its world version is ahead of the f
 same version the file wins, since the operator may change an assignment within a version and
 the file carries that (a push may be lost, the annotation is not).
 
-Only the operator may push: each push is signed with HMAC-SHA256 under a per-job key that the
-operator projects next to the assignment file (``KEY_FILE``, from the job's Secret). The pod's
-name is part of what is signed, so a push captured on its way to one pod is refused by any
-other. The key source is optional (a pod without it works from the file alone) and may appear
-after the pod starts, so the key is read at every push, never cached.
+Only the operator may push: each push is signed with the operator's Ed25519 private key, and
+every pod carries the matching public key in its spec (``PUBLIC_KEY_ENV``): a public key
+needs no Secret, so the operator creates none and may read none. What is signed is the pod's
+uid (``POD_UID_ENV``, from the downward API), a newline and the body, so a push captured on
+its way to one pod is refused by any other, also by a pod created again under the same name.
+The ``cryptography`` package verifies; a pod without it, or without the public key, works
+from the file alone.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import base64
 import logging
 import threading
 from http import HTTPStatus
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .assignment import MAX_FILE_BYTES, Assignment, AssignmentError, parse_assignment
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 log = logging.getLogger(__name__)
 
 PUSH_PATH = "/assignment"
 """Where the operator POSTs an assignment, on the agent's metrics port (a contract)."""
 SIGNATURE_HEADER = "X-Elastra-Signature"
-"""The request header holding ``signature(key, pod, body)`` (a contract)."""
-KEY_FILE = "assignment-key"
-"""The key file's name, in the assignment file's directory (a contract): its raw bytes."""
+"""The request header holding ``sign(key, pod_uid, body)`` (a contract)."""
+PUBLIC_KEY_ENV = "ELASTRA_ASSIGNMENT_PUBLIC_KEY"
+"""The operator's public key, in the worker container's environment (a contract): the 32 raw
+bytes of an Ed25519 public key, base64."""
+POD_UID_ENV = "POD_UID"
+"""The pod's uid, given to the worker container by the downward API (a contract)."""
 TAKEN = "taken"
 """The answer's message (status 200) when a push is newer than every push before it."""
 NOT_NEWER = "not newer"
 """The answer's message (status 200) when it is not: the newer one is kept."""
 POD_NAME_ENV = "POD_NAME"
 """The pod's name, given to the worker container by the downward API."""
-_SIGNATURE_PREFIX = "sha256="
+_SIGNATURE_PREFIX = "ed25519="
 
 
-def signature(key: bytes, pod: str, body: bytes) -> str:
-    """The ``SIGNATURE_HEADER`` value of a push of ``body`` to ``pod``:
-    ``sha256=`` and the hex HMAC-SHA256 of the pod's name, a newline and the body."""
-    mac = hmac.new(key, pod.encode() + b"\n" + body, hashlib.sha256)
-    return _SIGNATURE_PREFIX + mac.hexdigest()
+def signed_message(pod_uid: str, body: bytes) -> bytes:
+    """What a push's signature covers: the pod's uid, a newline and the body."""
+    return pod_uid.encode() + b"\n" + body
+
+
+def sign(key: Ed25519PrivateKey, pod_uid: str, body: bytes) -> str:
+    """The ``SIGNATURE_HEADER`` value of a push of ``body`` to the pod ``pod_uid``:
+    ``ed25519=`` and the base64 Ed25519 signature of ``signed_message``."""
+    return _SIGNATURE_PREFIX + base64.b64encode(key.sign(signed_message(pod_uid, body))).decode()
+
+
+def public_key_text(key: Ed25519PrivateKey) -> str:
+    """``PUBLIC_KEY_ENV``'s value for the private key ``key``."""
+    from cryptography.hazmat.primitives.serialization import (  # noqa: PLC0415 - optional
+        Encoding,
+        PublicFormat,
+    )
+
+    raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return base64.b64encode(raw).decode()
+
+
+def load_public_key(text: str) -> Ed25519PublicKey:
+    """The public key ``PUBLIC_KEY_ENV`` holds; ValueError, saying what is wrong, for anything
+    but 32 bytes in base64; ImportError without the ``cryptography`` package."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (  # noqa: PLC0415
+        Ed25519PublicKey,  # optional: a worker without it takes no pushes
+    )
+
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError as err:  # binascii.Error, or characters outside ASCII
+        raise ValueError(f"{PUBLIC_KEY_ENV} is not base64 ({err})") from None
+    if len(raw) != 32:
+        raise ValueError(f"{PUBLIC_KEY_ENV} holds {len(raw)} bytes, an Ed25519 key 32")
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+def _verifies(key: Ed25519PublicKey, pod_uid: str, body: bytes, signed: str) -> bool:
+    """Whether ``signed`` (a header's value) is ``key``'s signature of a push of ``body`` to
+    ``pod_uid``."""
+    from cryptography.exceptions import InvalidSignature  # noqa: PLC0415 - optional
+
+    if not signed.startswith(_SIGNATURE_PREFIX):
+        return False
+    try:
+        key.verify(base64.b64decode(signed[len(_SIGNATURE_PREFIX) :], validate=True),
+                   signed_message(pod_uid, body))  # fmt: skip
+    except (ValueError, InvalidSignature):  # not base64 (binascii.Error) or not ASCII
+        return False
+    return True
 
 
 class PushedAssignments:
@@ -62,9 +118,20 @@ class PushedAssignments:
     (``newest``): a lock guards the state.
     """
 
-    def __init__(self, key_file: Path, pod: str) -> None:
-        self.key_file = key_file
-        self.pod = pod
+    def __init__(self, public_key: str | None, pod_uid: str) -> None:
+        """``public_key``: ``PUBLIC_KEY_ENV``'s value (``None``: not set); ``pod_uid``: this
+        pod's. A key that cannot be used makes every push a 503, said once, and the file
+        alone brings assignments: the pod still works."""
+        self.pod_uid = pod_uid
+        self._key: Ed25519PublicKey | None = None
+        self._no_key = f"no {PUBLIC_KEY_ENV} in the environment"
+        if public_key is not None:
+            try:
+                self._key = load_public_key(public_key)
+            except ImportError:
+                self._no_key = "the cryptography package is not installed"
+            except ValueError as err:
+                self._no_key = str(err)
         self._lock = threading.Lock()
         self._pushed: Assignment | None = None
         self._refusals_logged: set[int] = set()
@@ -74,20 +141,18 @@ class PushedAssignments:
         """Take a pushed ``body`` (the assignment JSON exactly as in the annotation) signed with
         ``signed`` (the header's value); return an HTTP status code and a one-line message.
 
-        413: too large; 503: no key to check with (yet); 403: unsigned or wrongly signed; 400:
+        413: too large; 503: no public key to check with; 403: unsigned or wrongly signed; 400:
         not a valid assignment; 200 ``TAKEN`` when newer than every push so far, else 200
         ``NOT_NEWER`` (the newer one is kept: pushes may arrive out of order).
         """
         if len(body) > MAX_FILE_BYTES:
             return self.refuse(413, f"assignment larger than {MAX_FILE_BYTES} bytes")
-        key = self._key()
-        if key is None:
-            return self.refuse(503, f"no assignment key in {self.key_file}: pushes not taken")
+        if self._key is None:
+            return self.refuse(503, f"{self._no_key}: pushes not taken")
         if signed is None:
             return self.refuse(403, f"no {SIGNATURE_HEADER} header")
-        expected = signature(key, self.pod, body)
-        if not hmac.compare_digest(expected.encode(), signed.encode()):
-            return self.refuse(403, f"wrong {SIGNATURE_HEADER} for pod {self.pod}")
+        if not _verifies(self._key, self.pod_uid, body, signed):
+            return self.refuse(403, f"wrong {SIGNATURE_HEADER} for pod uid {self.pod_uid}")
         try:
             pushed = parse_assignment(body.decode("utf-8"))
         except UnicodeDecodeError as err:
@@ -137,15 +202,6 @@ class PushedAssignments:
                 pushed.world_version,
             )
         return pushed
-
-    def _key(self) -> bytes | None:
-        """The key's raw bytes (never stripped: it is binary), or None while there is none.
-        An empty key signs nothing: anyone could compute its signatures."""
-        try:
-            key = self.key_file.read_bytes()
-        except OSError:
-            return None
-        return key or None
 
 
 def _one_line(message: str) -> str:

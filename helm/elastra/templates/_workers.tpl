@@ -13,11 +13,6 @@ watched, else in a Role of the watched namespace (templates/rbac.yaml). */}}
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["create"]
-# One key Secret per job, created once, never read: the operator derives the key again
-# (operator/elastra/controller/decide/assignment_key.py).
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["create"]
 {{- if .Values.networkPolicy.enabled }}
 # One NetworkPolicy per job, created once (networkPolicy.enabled).
 - apiGroups: ["networking.k8s.io"]

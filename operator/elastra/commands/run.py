@@ -21,7 +21,7 @@ from elastra.kube.config import Connection, load_connection
 from elastra.planner.scheduling import PodToleration
 
 MIN_KEY_BYTES = 16
-"""The shortest ``--assignment-key-file`` key taken: shorter is guessable."""
+"""The shortest ``--assignment-key-file`` seed taken: shorter is guessable."""
 
 
 def register(sub: Any) -> None:
@@ -82,9 +82,9 @@ def register(sub: Any) -> None:
         "--assignment-key-file",
         metavar="PATH",
         help=(
-            "file holding the key that signs assignments pushed to workers (each job's key is "
-            "derived from it and kept in a Secret the job owns); without it, a key of this run "
-            "only: after a restart, running jobs' pods learn assignments from their file alone"
+            "file holding the seed of the key pair that signs assignments pushed to workers "
+            "(the pods get its public key); without it, a key pair of this run only: after a "
+            "restart, running jobs' pods learn assignments from their file alone"
         ),
     )
     parser.add_argument(

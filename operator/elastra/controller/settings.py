@@ -56,6 +56,9 @@ class OperatorSettings:
     """Port of each worker's Prometheus endpoint."""
     skip_metrics_labels: tuple[str, ...] = ("type=kwok",)
     """Pods on nodes with one of these labels are simulated: never read their metrics."""
+    assignment_public_key: str = ""
+    """The public key of pushed assignments' signatures, in every worker's environment
+    (``decide.assignment_key``; set by the running operator); empty: pods take no pushes."""
     policy: ResizePolicy = field(default_factory=ResizePolicy)
     restart_seconds: float = 60.0
     """What a resize costs (stop, checkpoint, restart, load) when weighing growth."""

@@ -142,15 +142,6 @@ async def ensure_network_policy(kube: Kube, namespace: str, policy: JsonDict | N
         await kube.create(f"{NETWORK_POLICIES}/namespaces/{namespace}/networkpolicies", policy)
 
 
-async def ensure_secret(kube: Kube, namespace: str, secret: JsonDict | None) -> None:
-    """Create a Secret unless one of that name exists; ``None``: there is none to make.
-
-    Create-only: the operator may create Secrets but never read one (the chart's RBAC).
-    """
-    if secret is not None:
-        await kube.create(f"/api/v1/namespaces/{namespace}/secrets", secret)
-
-
 async def replace_job_status(kube: Kube, job: JsonDict) -> JsonDict:
     """Write status with the job's resourceVersion as precondition (raises ``ConflictError``)."""
     meta = job["metadata"]

@@ -4,7 +4,6 @@ read-only root and its bounded /tmp); and the job's NetworkPolicy."""
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
 from typing import Any
@@ -19,7 +18,6 @@ from elastra.controller.decide.manifests import (
     WORKER_UID,
     RankSpec,
     assignment_json,
-    assignment_key_secret,
     headless_service,
     network_policy,
     owner_reference,
@@ -35,7 +33,7 @@ from elastra.planner.inventory import parse_inventory
 from elastra.planner.scheduling import NodeFacts, PodConstraints, PodToleration, Taint, refusal
 from elastra_worker.assignment import ParallelPlan, parse_assignment
 from elastra_worker.metrics import READY_PATH
-from elastra_worker.push import KEY_FILE
+from elastra_worker.push import POD_UID_ENV, PUBLIC_KEY_ENV
 from tests.cases.specs import DELETE, FULL_TEMPLATE, TEMPLATE, apply_edits, base_manifest
 from tests.unit.planner.nodes import node as planner_node
 from tests.unit.planner.nodes import node_list
@@ -89,7 +87,7 @@ def test_secret_backed_env_reaches_the_worker_before_elastras_own() -> None:
     assert env_names(pod) == [
         "NCCL_DEBUG",  # spec.worker.env
         "HF_TOKEN", "RUN_NAME", "NODE", "LOG_LEVEL",  # the template's worker entry
-        "ELASTRA_ASSIGNMENT_FILE", "ELASTRA_METRICS_PORT", "POD_NAME", "ELASTRA_LAUNCH",
+        "ELASTRA_ASSIGNMENT_FILE", "ELASTRA_METRICS_PORT", "POD_NAME", "POD_UID", "ELASTRA_LAUNCH",
         "ELASTRA_MAX_RESTARTS", "ELASTRA_CPU_MILLIS", "ELASTRA_MODEL",  # Elastra's
         "HOME", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",  # scratch
         "HF_HOME", "TORCH_HOME",  # the cache volume
@@ -112,34 +110,30 @@ def test_configmap_volume_is_added_and_mounted_beside_elastras() -> None:
     assert mounts["/checkpoints"]["name"] == "checkpoints"
 
 
-def test_the_assignment_volume_shows_the_annotation_and_the_jobs_key() -> None:
-    """The pod's file and the key of pushed assignments share one directory; the key's Secret
-    is optional, so a pod starts (and works from its file) without it."""
+def test_the_assignment_volume_shows_the_annotation() -> None:
     pod = build()
     (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "assignment"]
-    annotation, key = volume["projected"]["sources"]
-    field = annotation["downwardAPI"]["items"][0]
-    assert field == {
-        "path": "assignment",
-        "fieldRef": {"fieldPath": f"metadata.annotations['{ANNOTATION_ASSIGNMENT}']"},
-    }
-    assert key["secret"] == {
-        "name": "gpt-assignment-key",
-        "items": [{"key": KEY_FILE, "path": KEY_FILE}],
-        "optional": True,
-    }
+    assert volume["downwardAPI"]["items"] == [
+        {
+            "path": "assignment",
+            "fieldRef": {"fieldPath": f"metadata.annotations['{ANNOTATION_ASSIGNMENT}']"},
+        }
+    ]
     env = {e["name"]: e.get("value") for e in container(pod, "worker")["env"]}
     assert env["ELASTRA_ASSIGNMENT_FILE"] == "/etc/elastra/assignment"
 
 
-def test_the_key_secret_is_the_jobs_and_holds_the_key() -> None:
-    job, service = job_and_service()
-    secret = assignment_key_secret(job, b"k" * 32)
-    assert secret["metadata"]["name"] == "gpt-assignment-key"
-    assert secret["metadata"]["namespace"] == "team-a"
-    assert secret["metadata"]["ownerReferences"] == service["metadata"]["ownerReferences"]
-    assert secret["immutable"] is True
-    assert base64.b64decode(secret["data"][KEY_FILE]) == b"k" * 32
+@pytest.mark.parametrize("public_key", ["", "A6EHv/POEL4dcN0Y50vAmWfk1jCbpQ1fHdyGZBJVMbg="])
+def test_the_worker_gets_its_pod_uid_and_the_operators_public_key(public_key: str) -> None:
+    """What pushed assignments are checked with: the uid they are signed for, the public key
+    of the running operator (none where it has none: the pod works from its file)."""
+    settings = OperatorSettings(assignment_public_key=public_key)
+    env = {e["name"]: e for e in container(build(settings=settings), "worker")["env"]}
+    assert env[POD_UID_ENV]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    if public_key:
+        assert env[PUBLIC_KEY_ENV] == {"name": PUBLIC_KEY_ENV, "value": public_key}
+    else:
+        assert PUBLIC_KEY_ENV not in env
 
 
 def requested(resource: str) -> dict[str, str]:

@@ -1,33 +1,33 @@
 """Pushed assignments, operator side: whom the operator pushes to, and what a real agent's
 endpoint (``elastra_worker.metrics.serve``) makes of it.
 
-The agent here is the worker's own HTTP endpoint on a loopback port, with the key file the
-job's Secret would project: a push it takes is one a pod would take.
+The agent here is the worker's own HTTP endpoint on a loopback port, holding the public key
+the operator puts in every worker's environment: a push it takes is one a pod would take.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
 from elastra.api import TrainingJob, parse_trainingjob
-from elastra.controller.decide.assignment_key import job_key
+from elastra.controller.decide.assignment_key import signing_key
 from elastra.controller.decide.manifests import ANNOTATION_ASSIGNMENT, assignment_json
 from elastra.controller.engine.push import AssignmentPusher
 from elastra.controller.settings import OperatorSettings
 from elastra_worker.launcher import free_port
 from elastra_worker.metrics import WorkerCollector, serve
-from elastra_worker.push import KEY_FILE, PushedAssignments
+from elastra_worker.push import PushedAssignments
 from tests.cases.specs import base_manifest
 
-OPERATOR_KEY = b"operator-key-" * 3
+SEED = b"operator-key-" * 3
+"""``--assignment-key-file``'s bytes."""
+POD_UID = "7d1e4f0a-9c2b-4e8d-a5f3-6b0c2d1e9f84"
 REAL = {"metadata": {"name": "real-1", "labels": {}}}
 KWOK = {"metadata": {"name": "kwok-1", "labels": {"type": "kwok"}}}
 NODES = {n["metadata"]["name"]: n for n in (REAL, KWOK)}
@@ -39,7 +39,9 @@ def gpt() -> TrainingJob:
     return parse_trainingjob(body)
 
 
-def pod(version: int, *, node: str = "real-1", phase: str = "Running") -> dict[str, Any]:
+def pod(
+    version: int, *, node: str = "real-1", phase: str = "Running", uid: str = POD_UID
+) -> dict[str, Any]:
     """Pod gpt-w0 as a patch's answer shows it, carrying a waiting assignment of ``version``."""
     assignment = assignment_json(
         gpt(), version=version, rank=None, stop=False, settings=OperatorSettings()
@@ -48,6 +50,7 @@ def pod(version: int, *, node: str = "real-1", phase: str = "Running") -> dict[s
         "metadata": {
             "name": "gpt-w0",
             "namespace": "team-a",
+            "uid": uid,
             "annotations": {ANNOTATION_ASSIGNMENT: assignment},
         },
         "spec": {"nodeName": node},
@@ -68,19 +71,16 @@ class Agent:
 
 
 @pytest.fixture
-def agent(tmp_path: Path) -> Agent:
-    """The pod's agent, its key file the one the job's Secret holds."""
-    job = gpt()
-    key = job_key(OPERATOR_KEY, "team-a", "gpt", job.metadata.uid or "")
-    (tmp_path / KEY_FILE).write_bytes(key)
-    pushes = PushedAssignments(tmp_path / KEY_FILE, "gpt-w0")
+def agent() -> Agent:
+    """The pod's agent, with the public key the operator of ``SEED`` gives its pods."""
+    pushes = PushedAssignments(pusher_to(0).public_key, POD_UID)
     port = free_port()
     serve(port, WorkerCollector(dict, dict), warm=lambda: True, pushes=pushes)
     return Agent(port, pushes)
 
 
-def pusher_to(port: int, key: bytes = OPERATOR_KEY) -> AssignmentPusher:
-    return AssignmentPusher(OperatorSettings(metrics_port=port), key)
+def pusher_to(port: int, seed: bytes = SEED) -> AssignmentPusher:
+    return AssignmentPusher(OperatorSettings(metrics_port=port), signing_key(seed))
 
 
 def pushes(result: str) -> float:
@@ -95,10 +95,10 @@ async def counted(result: str, before: float, *, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-def test_a_patched_assignment_reaches_the_agent_signed_with_the_jobs_key(agent: Agent) -> None:
+def test_a_patched_assignment_reaches_the_agent_signed_for_its_pod(agent: Agent) -> None:
     async def scenario() -> None:
         pusher = pusher_to(agent.port)
-        push = pusher.to_job(gpt(), NODES.get)
+        push = pusher.to_pods(NODES.get)
         before = pushes("taken")
         assert push(pod(3))
         await counted("taken", before)
@@ -112,11 +112,20 @@ def test_a_patched_assignment_reaches_the_agent_signed_with_the_jobs_key(agent: 
     asyncio.run(scenario())
 
 
-def test_a_push_signed_with_another_key_is_refused(agent: Agent) -> None:
+@pytest.mark.parametrize(
+    ("seed", "uid"),
+    [
+        pytest.param(b"another-key-" * 3, POD_UID, id="another operator's key"),
+        pytest.param(SEED, "uid-of-an-earlier-pod-of-that-name", id="signed for another pod"),
+    ],
+)
+def test_a_push_not_signed_by_this_operator_for_this_pod_is_refused(
+    agent: Agent, seed: bytes, uid: str
+) -> None:
     async def scenario() -> None:
-        other = pusher_to(agent.port, b"another-key-" * 3)
+        other = pusher_to(agent.port, seed)
         before = pushes("refused")
-        assert other.to_job(gpt(), NODES.get)(pod(3))
+        assert other.to_pods(NODES.get)(pod(3, uid=uid))
         await counted("refused", before)
         assert agent.version() is None
         await other.close()
@@ -138,7 +147,7 @@ def test_no_push_where_no_agent_of_the_pod_can_answer(
 ) -> None:
     async def scenario() -> bool:
         pusher = pusher_to(agent.port)
-        started = pusher.to_job(gpt(), NODES.get)(answer)
+        started = pusher.to_pods(NODES.get)(answer)
         await pusher.close()
         return started
 
@@ -150,14 +159,8 @@ def test_an_agent_that_does_not_answer_costs_the_pass_nothing() -> None:
     async def scenario() -> None:
         pusher = pusher_to(free_port())  # nothing listens there
         before = pushes("unreachable")
-        assert pusher.to_job(gpt(), NODES.get)(pod(3))  # returns at once, the push runs on
+        assert pusher.to_pods(NODES.get)(pod(3))  # returns at once, the push runs on
         await counted("unreachable", before)
         await pusher.close()
 
     asyncio.run(scenario())
-
-
-def test_the_key_secret_holds_the_key_the_pushes_are_signed_with(agent: Agent) -> None:
-    """What the operator creates is what the pod's key file then holds (base64 in the API)."""
-    secret = pusher_to(agent.port).key_secret(gpt())
-    assert base64.b64decode(secret["data"][KEY_FILE]) == agent.pushes.key_file.read_bytes()

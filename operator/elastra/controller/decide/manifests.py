@@ -42,7 +42,6 @@ them with what exists and sends only the difference. Choices a reader should kno
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 from collections.abc import Mapping
@@ -62,14 +61,13 @@ from elastra.api.podtemplate import (
     TemplateContainer,
     TemplateMetadata,
 )
-from elastra.controller.decide.assignment_key import key_source, secret_name
 from elastra.controller.settings import OperatorSettings
 from elastra.planner.catalog import GPU_RESOURCES, NVIDIA_GPU, resource_of, selected
 from elastra.planner.eligibility import WorkerConstraints, is_extended, requested_toleration
 from elastra.planner.scheduling import PodConstraints, PodToleration
 from elastra_worker.assignment import Assignment, CheckpointPolicy, ParallelPlan
 from elastra_worker.metrics import READY_PATH
-from elastra_worker.push import KEY_FILE, POD_NAME_ENV
+from elastra_worker.push import POD_NAME_ENV, POD_UID_ENV, PUBLIC_KEY_ENV
 from elastra_worker.torchrun import MAX_RESTARTS_ENV
 
 LABEL_JOB = "elastra.dev/job"
@@ -214,17 +212,6 @@ def owner_reference(job: TrainingJob) -> dict[str, Any]:
     }
 
 
-def _owned_metadata(job: TrainingJob, name: str) -> dict[str, Any]:
-    """Metadata of a child made once per job (its Service, its key Secret): in the job's
-    namespace, labelled with it, owned by it."""
-    return {
-        "name": name,
-        "namespace": job.metadata.namespace,
-        "labels": {LABEL_JOB: job.metadata.name, "app.kubernetes.io/managed-by": "elastra"},
-        "ownerReferences": [owner_reference(job)],
-    }
-
-
 def headless_service(job: TrainingJob) -> dict[str, Any]:
     """The DNS name ``<rank 0's pod>.<job>.<namespace>.svc`` that workers rendezvous at.
 
@@ -238,26 +225,18 @@ def headless_service(job: TrainingJob) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _owned_metadata(job, name),
+        "metadata": {
+            "name": name,
+            "namespace": job.metadata.namespace,
+            "labels": {LABEL_JOB: name, "app.kubernetes.io/managed-by": "elastra"},
+            "ownerReferences": [owner_reference(job)],
+        },
         "spec": {
             "clusterIP": "None",
             "selector": {LABEL_JOB: name, LABEL_LEADER: "true"},
             "publishNotReadyAddresses": True,
             "ports": [{"name": "rendezvous", "port": 29500, "protocol": "TCP"}],
         },
-    }
-
-
-def assignment_key_secret(job: TrainingJob, key: bytes) -> dict[str, Any]:
-    """The Secret that holds the key of the job's pushed assignments (``assignment_key``),
-    owned by the job like its Service; immutable: a job keeps one key for its life."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": _owned_metadata(job, secret_name(job.metadata.name)),
-        "type": "Opaque",
-        "immutable": True,
-        "data": {KEY_FILE: base64.b64encode(key).decode()},
     }
 
 
@@ -558,6 +537,8 @@ def _worker_container(
         {"name": "ELASTRA_ASSIGNMENT_FILE", "value": f"{ASSIGNMENT_DIR}/assignment"},
         {"name": "ELASTRA_METRICS_PORT", "value": str(settings.metrics_port)},
         {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        # What pushed assignments are signed for and with (elastra_worker.push).
+        {"name": POD_UID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
         {"name": "ELASTRA_LAUNCH", "value": str(worker.launch)},
         # torchrun mode shows it to the script as TORCHELASTIC_MAX_RESTARTS.
         {"name": MAX_RESTARTS_ENV, "value": str(job.spec.failure_policy.max_restarts)},
@@ -573,6 +554,8 @@ def _worker_container(
             },
         },
     ]
+    if settings.assignment_public_key:
+        env.append({"name": PUBLIC_KEY_ENV, "value": settings.assignment_public_key})
     if job.spec.model is not None:  # the reference trainer builds its model from it
         model = json.dumps(job.spec.model.to_wire(), sort_keys=True)
         env.append({"name": "ELASTRA_MODEL", "value": model})
@@ -641,17 +624,8 @@ def _elastra_volumes(job: TrainingJob, settings: OperatorSettings) -> list[dict[
     volumes: list[dict[str, Any]] = [
         {
             "name": "assignment",
-            "projected": {
-                "sources": [
-                    {
-                        "downwardAPI": {
-                            "items": [
-                                {"path": "assignment", "fieldRef": {"fieldPath": assignment_field}}
-                            ]
-                        }
-                    },
-                    key_source(job.metadata.name),
-                ]
+            "downwardAPI": {
+                "items": [{"path": "assignment", "fieldRef": {"fieldPath": assignment_field}}]
             },
         },
         {"name": "checkpoints", **checkpoint_volume},

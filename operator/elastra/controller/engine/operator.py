@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +32,7 @@ from typing import Any
 import kopf
 from prometheus_client import start_http_server
 
+from elastra.controller.decide.assignment_key import signing_key
 from elastra.controller.decide.placeholders import priority_class
 from elastra.controller.engine import metrics
 from elastra.controller.engine.handlers import Runtime, register
@@ -69,8 +69,8 @@ class RunOptions:
     json_logs: bool = True
     verbose: bool = False
     assignment_key: bytes = b""
-    """The key the jobs' push keys derive from (``--assignment-key-file``); empty: a key of
-    this run only (``_assignment_pusher``)."""
+    """The seed of the key pair that signs pushed assignments (``--assignment-key-file``);
+    empty: a key pair of this run only (``_assignment_pusher``)."""
 
 
 async def _tell_synced(snapshot: ClusterSnapshot) -> None:
@@ -103,9 +103,11 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
         watch_timeout_s=options.settings.watch_timeout.total_seconds(),
         priority_classes=options.settings.sharing is not Scope.OFF,
     )
+    # Every worker pod gets the public key of the pushes' signatures in its environment.
+    settings = dataclasses.replace(options.settings, assignment_public_key=pusher.public_key)
     rt = Runtime(
         kube=kube,
-        settings=await _with_request_class(kube, options.settings),
+        settings=await _with_request_class(kube, settings),
         snapshot=snapshot,
         leader=leader,
         progress=progress,
@@ -156,18 +158,16 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
 
 
 def _assignment_pusher(options: RunOptions) -> AssignmentPusher:
-    """The pusher, its key the one given or, without one, a key of this run: then a restarted
-    operator's pushes to the pods of jobs it found running are refused (their Secret holds a
-    key derived from the old one), and those pods learn assignments from their file alone."""
-    key = options.assignment_key
-    if not key:
+    """The pusher, its key pair the seed's or, without one, a key pair of this run: then a
+    restarted operator's pushes to the pods of jobs it found running are refused (their spec
+    holds the old public key), and those pods learn assignments from their file alone."""
+    if not options.assignment_key:
         log.info(
             "no --assignment-key-file: assignments pushed to workers are signed with a key of "
             "this run only; after a restart, jobs already running learn theirs from the pod "
             "file alone (the Helm chart gives the operator a lasting key)"
         )
-        key = secrets.token_bytes(32)
-    return AssignmentPusher(options.settings, key)
+    return AssignmentPusher(options.settings, signing_key(options.assignment_key))
 
 
 async def _with_request_class(kube: Kube, settings: OperatorSettings) -> OperatorSettings:

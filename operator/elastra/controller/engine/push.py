@@ -4,7 +4,8 @@ The annotation stays the record, and the pod's downward-API file its durable cop
 kubelet sometimes remounts that file with the old content and writes the new one only at the
 pod's next periodic sync, 10 to 90 s later (``decide.assignment_key``). So after a patch
 that changes a pod's assignment, the operator also POSTs the same JSON to the pod's agent on
-the metrics port it already reads progress from, signed with the job's key. The agent takes
+the metrics port it already reads progress from, signed with the operator's private key for
+that pod (``decide.assignment_key``). The agent takes
 it only when it is a newer world version than its file says (``elastra_worker.push``).
 
 A push is best effort and never holds a pass: it runs as a task beside it, to pods running
@@ -21,14 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from elastra.api import TrainingJob
-from elastra.controller.decide.assignment_key import job_key
-from elastra.controller.decide.manifests import ANNOTATION_ASSIGNMENT, assignment_key_secret
+from elastra.controller.decide.manifests import ANNOTATION_ASSIGNMENT
 from elastra.controller.decide.observe import agent_url, pod_address
 from elastra.controller.engine import metrics
 from elastra.controller.settings import OperatorSettings
-from elastra_worker.push import NOT_NEWER, PUSH_PATH, SIGNATURE_HEADER, TAKEN, signature
+from elastra_worker.push import NOT_NEWER, PUSH_PATH, SIGNATURE_HEADER, TAKEN, public_key_text, sign
 
 JsonDict = Mapping[str, Any]
 NodeOf = Callable[[str], JsonDict | None]
@@ -45,23 +45,19 @@ class AssignmentPusher:
     """Signs and sends pushed assignments; one per operator, its HTTP session shared."""
 
     settings: OperatorSettings
-    operator_key: bytes
-    """The key every job's key is derived from (``--assignment-key-file``)."""
+    key: Ed25519PrivateKey
+    """What signs every push (``decide.assignment_key.signing_key``)."""
     timeout_s: float = 2.0
     _session: aiohttp.ClientSession | None = None
     _inflight: set[asyncio.Task[None]] = field(default_factory=set)
 
-    def _job_key(self, job: TrainingJob) -> bytes:
-        meta = job.metadata
-        return job_key(self.operator_key, meta.namespace or "", meta.name, meta.uid or "")
+    @property
+    def public_key(self) -> str:
+        """The public key every worker pod gets in its environment, to check pushes with."""
+        return public_key_text(self.key)
 
-    def key_secret(self, job: TrainingJob) -> dict[str, Any]:
-        """The job's key Secret, to create with its Service (before any of its pods)."""
-        return assignment_key_secret(job, self._job_key(job))
-
-    def to_job(self, job: TrainingJob, node_of: NodeOf) -> PodPush:
-        """What pushes the assignments of ``job``'s pods (its key derived once per pass)."""
-        key = self._job_key(job)
+    def to_pods(self, node_of: NodeOf) -> PodPush:
+        """What pushes the assignments of a pass's pods, each signed for the pod's uid."""
 
         def push(pod: JsonDict | None) -> bool:
             if pod is None:
@@ -77,7 +73,7 @@ class AssignmentPusher:
                 self._send(
                     agent_url(address, self.settings.metrics_port, PUSH_PATH),
                     body.encode(),
-                    signature(key, name, body.encode()),
+                    sign(self.key, str(meta.get("uid") or ""), body.encode()),
                     where=f"{meta.get('namespace')}/{name}",
                 ),
                 name=f"push assignment {name}",

@@ -77,7 +77,7 @@ async def reconcile(
 
     With a ``progress`` reader, a job whose rank 0 runs on a real node gets a pass at least
     every ``progress.interval_s`` so ``status.progress`` follows training. With a ``pusher``,
-    the job has a key Secret and each assignment patch is also pushed to its pod's agent.
+    each assignment patch is also pushed to its pod's agent.
     """
     started = time.monotonic()
     try:
@@ -109,8 +109,7 @@ async def reconcile(
             service=headless_service(job),
             settings=settings,
             now=now,
-            key_secret=pusher.key_secret(job) if pusher else None,
-            push=pusher.to_job(job, lambda node: snapshot.nodes.get("", node)) if pusher else None,
+            push=pusher.to_pods(lambda node: snapshot.nodes.get("", node)) if pusher else None,
         )
         _log_pass(raw, _writes(raw, plan))
         metrics.observe_job(namespace, name, plan.status)
@@ -174,7 +173,6 @@ async def _apply(
     service: dict[str, Any],
     settings: OperatorSettings,
     now: datetime,
-    key_secret: dict[str, Any] | None,
     push: PodPush | None,
 ) -> None:
     """Write the plan in the protocol's order; reservations of creates not made are dropped.
@@ -200,14 +198,7 @@ async def _apply(
                 settings=settings,
             ),
             _create_and_record(
-                kube,
-                snapshot,
-                raw,
-                plan,
-                service=service,
-                key_secret=key_secret,
-                settings=settings,
-                now=now,
+                kube, snapshot, raw, plan, service=service, settings=settings, now=now
             ),
         )
         if plan.workload_delete:
@@ -238,7 +229,6 @@ async def _create_and_record(
     plan: PassWrites,
     *,
     service: dict[str, Any],
-    key_secret: dict[str, Any] | None,
     settings: OperatorSettings,
     now: datetime,
 ) -> None:
@@ -256,7 +246,7 @@ async def _create_and_record(
     gated = [p for p in plan.creates if is_gated(p)]
     last = [p for p in plan.creates if not is_gated(p)]
     policy = (
-        [_ensure_children_of_job(kube, namespace, service, key_secret, settings)]
+        [_ensure_service_and_policy(kube, namespace, service, settings)]
         if plan.creates or plan.ungate
         else []
     )
@@ -273,19 +263,12 @@ async def _create_and_record(
         await _write_status(kube, snapshot, raw, plan, now)
 
 
-async def _ensure_children_of_job(
-    kube: Kube,
-    namespace: str,
-    service: dict[str, Any],
-    key_secret: dict[str, Any] | None,
-    settings: OperatorSettings,
+async def _ensure_service_and_policy(
+    kube: Kube, namespace: str, service: dict[str, Any], settings: OperatorSettings
 ) -> None:
-    """What the job's pods need before they start: the Service, the NetworkPolicy, and the
-    key Secret their ``assignment`` volume shows them (``None``: nothing is pushed)."""
     await asyncio.gather(
         resources.ensure_service(kube, namespace, service),
         resources.ensure_network_policy(kube, namespace, network_policy(service, settings)),
-        resources.ensure_secret(kube, namespace, key_secret),
     )
 
 
