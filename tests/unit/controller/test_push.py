@@ -8,6 +8,7 @@ the operator puts in every worker's environment: a push it takes is one a pod wo
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ from prometheus_client import REGISTRY
 
 from elastra.api import TrainingJob, parse_trainingjob
 from elastra.controller.decide.assignment_key import signing_key
-from elastra.controller.decide.manifests import ANNOTATION_ASSIGNMENT, assignment_json
+from elastra.controller.decide.manifests import ANNOTATION_ASSIGNMENT, LABEL_JOB, assignment_json
 from elastra.controller.engine.push import AssignmentPusher
 from elastra.controller.settings import OperatorSettings
 from elastra_worker.launcher import free_port
@@ -51,6 +52,7 @@ def pod(
             "name": "gpt-w0",
             "namespace": "team-a",
             "uid": uid,
+            "labels": {LABEL_JOB: "gpt"},
             "annotations": {ANNOTATION_ASSIGNMENT: assignment},
         },
         "spec": {"nodeName": node},
@@ -131,6 +133,30 @@ def test_a_push_not_signed_by_this_operator_for_this_pod_is_refused(
         await other.close()
 
     asyncio.run(scenario())
+
+
+def test_refused_pushes_are_logged_once_per_job(
+    agent: Agent, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Pods that hold another operator's key refuse every push: one line says so per job."""
+
+    async def scenario() -> None:
+        other = pusher_to(agent.port, b"another-key-" * 3)
+        push = other.to_pods(NODES.get)
+        for version in (3, 4, 5):
+            before = pushes("refused")
+            assert push(pod(version))
+            await counted("refused", before)
+            if version == 4:
+                other.forget("team-a", "gpt")  # the job deleted; one of that name again
+        await other.close()
+
+    logger = "elastra.controller.engine.push"
+    caplog.set_level(logging.DEBUG, logger=logger)
+    asyncio.run(scenario())
+    refusals = [r for r in caplog.records if r.name == logger and "refused" in r.getMessage()]
+    assert [r.levelno for r in refusals] == [logging.INFO, logging.DEBUG, logging.INFO]
+    assert "later refusals in job gpt are logged at DEBUG" in refusals[0].getMessage()
 
 
 @pytest.mark.parametrize(

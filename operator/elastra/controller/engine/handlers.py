@@ -170,6 +170,8 @@ class Runtime:
             loop.task.cancel()
         if self.progress is not None:
             self.progress.forget(*key)
+        if self.pusher is not None:
+            self.pusher.forget(*key)
         metrics.forget_job(*key)
 
     async def _run(self, key: JobKey, wake: asyncio.Event) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from elastra.controller.decide.manifests import ANNOTATION_ASSIGNMENT
+from elastra.controller.decide.manifests import ANNOTATION_ASSIGNMENT, LABEL_JOB
 from elastra.controller.decide.observe import agent_url, pod_address
 from elastra.controller.engine import metrics
 from elastra.controller.settings import OperatorSettings
@@ -50,6 +50,9 @@ class AssignmentPusher:
     timeout_s: float = 2.0
     _session: aiohttp.ClientSession | None = None
     _inflight: set[asyncio.Task[None]] = field(default_factory=set)
+    _refusals_logged: set[tuple[str, str]] = field(default_factory=set)
+    """Jobs (namespace, name) whose refused pushes were logged: a job whose pods hold another
+    key (started by an operator run without ``--assignment-key-file``) refuses every push."""
 
     @property
     def public_key(self) -> str:
@@ -69,12 +72,14 @@ class AssignmentPusher:
             if address is None or not body:
                 return False
             name = str(meta.get("name") or "")
+            job = (str(meta.get("namespace") or ""), str((meta.get("labels") or {}).get(LABEL_JOB)))
             task = asyncio.create_task(
                 self._send(
                     agent_url(address, self.settings.metrics_port, PUSH_PATH),
                     body.encode(),
                     sign(self.key, str(meta.get("uid") or ""), body.encode()),
-                    where=f"{meta.get('namespace')}/{name}",
+                    job=job,
+                    pod=name,
                 ),
                 name=f"push assignment {name}",
             )
@@ -84,8 +89,11 @@ class AssignmentPusher:
 
         return push
 
-    async def _send(self, url: str, body: bytes, signed: str, *, where: str) -> None:
+    async def _send(
+        self, url: str, body: bytes, signed: str, *, job: tuple[str, str], pod: str
+    ) -> None:
         """POST one assignment; count and log how it went, raise nothing."""
+        where = f"{job[0]}/{pod}"
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s)
@@ -101,13 +109,21 @@ class AssignmentPusher:
             return
         result = _result(status, said)
         metrics.ASSIGNMENT_PUSHES.labels(result=result).inc()
-        if result == "refused":
-            log.info(
-                "pod %s: its agent refused a pushed assignment (%d %s); its file brings it",
-                where, status, said.strip(),
-            )  # fmt: skip
-        else:
+        if result != "refused":
             log.debug("pod %s: assignment pushed: %s", where, said.strip())
+        elif job in self._refusals_logged:
+            log.debug("pod %s: its agent refused a pushed assignment (%d)", where, status)
+        else:
+            self._refusals_logged.add(job)
+            log.info(
+                "pod %s: its agent refused a pushed assignment (%d %s); its file brings it "
+                "(later refusals in job %s are logged at DEBUG)",
+                where, status, said.strip(), job[1],
+            )  # fmt: skip
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what was kept about a deleted job."""
+        self._refusals_logged.discard((namespace, name))
 
     async def close(self) -> None:
         """End the pushes in flight and close the HTTP session."""
