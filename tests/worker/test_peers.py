@@ -16,6 +16,7 @@ from elastra_worker.session.peers import (
     LayoutMismatchError,
     Spec,
     _batches,
+    _mismatch,
     agree_any,
     agree_source,
     share_state,
@@ -74,6 +75,33 @@ def test_the_sources_state_arrives_bit_for_bit_on_every_rank(chunk_bytes: int) -
     for rank, result in enumerate(results):
         assert result["digest"] == expected, f"rank {rank}"
         assert result["bytes"] == size
+
+
+def _routed(rank: int, world: int) -> dict[str, Any]:
+    """``share_state`` with CPU data routed to a second gloo group, as a GPU world routes CUDA
+    data to its NCCL group; every broadcast's group recorded (the real one still runs)."""
+    import torch.distributed as dist  # noqa: PLC0415 - in the spawned rank only
+
+    layouts, data = dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
+    assert isinstance(layouts, dist.ProcessGroup) and isinstance(data, dist.ProcessGroup)
+    used: list[str] = []
+    real = dist.broadcast
+
+    def broadcast(tensor: torch.Tensor, src: int, group: Any = None, **kw: Any) -> Any:
+        used.append({id(layouts): "layouts", id(data): "data"}.get(id(group), "other"))
+        return real(tensor, src, group=group, **kw)
+
+    setattr(dist, "broadcast", broadcast)  # noqa: B010 - a spy; the collective is real
+    mine = state() if rank == 0 else blank()
+    share_state(mine, src=0, group=layouts, device_groups={"cpu": data}, chunk_bytes=1024)
+    return {"digest": digest(mine), "groups": used}
+
+
+def test_tensor_data_travels_over_its_devices_group_and_layouts_over_the_state_group() -> None:
+    expected = digest(state())
+    for rank, result in enumerate(run_world(_routed, 2)):
+        assert result["digest"] == expected, f"rank {rank}"
+        assert result["groups"] and set(result["groups"]) == {"data"}, result["groups"]
 
 
 def _misfit(rank: int, world: int) -> str:
@@ -146,3 +174,17 @@ def test_batches_keep_order_and_stay_under_the_chunk(
 ) -> None:
     specs = [Spec(f"t{i}", torch.uint8, (n,)) for i, n in enumerate(sizes)]
     assert [[s.nbytes for s in b] for b in _batches(specs, chunk)] == expected
+
+
+def test_a_batch_holds_one_device_type() -> None:
+    """A GPU model's optimizer keeps its step counters on the CPU: they travel apart."""
+    devices = ["cuda", "cuda", "cpu", "cuda", "cpu", "cpu"]
+    specs = [Spec(f"t{i}", torch.uint8, (4,), d) for i, d in enumerate(devices)]
+    batches = [[s.device for s in b] for b in _batches(specs, 1024)]
+    assert batches == [["cuda", "cuda"], ["cpu"], ["cuda"], ["cpu", "cpu"]]
+
+
+def test_a_tensor_on_another_device_than_the_sources_is_named() -> None:
+    mine = [Spec("w", torch.float32, (2,), "cpu")]
+    theirs = [Spec("w", torch.float32, (2,), "cuda")]
+    assert _mismatch(mine, theirs) == "w: here on cpu, at the source on cuda"

@@ -249,7 +249,9 @@ class CheckpointManager:
     def _share_live(
         self, src: int, box: tuple[Any, ...], tensors: dict[str, torch.Tensor]
     ) -> tuple[Manifest, dict[str, Any], dict[str, Any], Transfer]:
-        moved = share_state(tensors, src=src, group=self.state_group)
+        moved = share_state(
+            tensors, src=src, group=self.state_group, device_groups=self._world.device_groups()
+        )
         if self._world.rank != src:  # what this rank loaded from a peer (progress, metrics)
             self._peer_transfer = moved
         _, manifest, plain, replicated = box

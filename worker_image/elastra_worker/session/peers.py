@@ -4,14 +4,18 @@ Why: a trainer that enters a world (a grow, a replaced pod) would otherwise read
 committed checkpoint back from the volume. When a member of the new world already holds the
 state in memory (a survivor, ``carry.py``), sending it over the new world's state group costs
 the network's time instead of the shared file system's, and the volume stays the durable copy.
-The state group is gloo on GPUs too (its timeout is the state's, ``checkpoints.py``): no GPU has
-run this path yet, and NCCL would move GPU tensors without the copies through host memory.
+Layouts and agreements travel over the state group (gloo, with the state's timeout,
+``checkpoints.py``); tensor data over the group of its device (``device_groups``): on GPUs the
+world's NCCL group, so GPU tensors go GPU to GPU without copies through host memory, CPU
+tensors (an optimizer's step counters) over gloo. (NCCL refuses two ranks on one GPU, so a
+machine with one GPU cannot run the NCCL side; the CPU tests route through a second gloo group.)
 
-``share_state`` packs the source's tensors into flat byte buffers of at most ``chunk_bytes``
-and broadcasts them, so a few large collectives carry the state whatever the number of
-tensors; every rank receives in place into its own tensors of the same names, dtypes and
-shapes (the source's layout is checked first, so a mismatch is an error, never a silent
-misfit). ``agree_source`` picks the rank to send from: the lowest that holds the newest step.
+``share_state`` packs the source's tensors into flat byte buffers of at most ``chunk_bytes``,
+one device per buffer, and broadcasts them, so a few large collectives carry the state
+whatever the number of tensors; every rank receives in place into its own tensors of the same
+names, dtypes, shapes and devices (the source's layout is checked first, so a mismatch is an
+error, never a silent misfit). ``agree_source`` picks the rank to send from: the lowest that
+holds the newest step.
 """
 
 from __future__ import annotations
@@ -41,6 +45,12 @@ class Spec:
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
+    device: str = "cpu"
+    """The device type (``cuda``, ``cpu``): a tensor's data travels over that device's group."""
+
+    @staticmethod
+    def of(name: str, t: torch.Tensor) -> Spec:
+        return Spec(name, t.dtype, tuple(t.shape), t.device.type)
 
     @property
     def nbytes(self) -> int:
@@ -101,17 +111,21 @@ def share_state(
     *,
     src: int,
     group: dist.ProcessGroup | None = None,
+    device_groups: Mapping[str, dist.ProcessGroup] | None = None,
     chunk_bytes: int = CHUNK_BYTES,
 ) -> Transfer:
-    """Broadcast ``src``'s ``tensors`` (CPU) into every other rank's ``tensors`` of the same
-    names, in place; returns what moved. Raises ``LayoutMismatchError`` on a rank whose tensors
-    differ from the source's (every rank learns of it: the check is agreed before any data)."""
+    """Broadcast ``src``'s ``tensors`` into every other rank's ``tensors`` of the same names,
+    in place; returns what moved. The layouts go over ``group``, the data of each device type
+    over ``device_groups[type]`` (``group`` for a type not named); every group spans the whole
+    world in one rank order, so ``src`` is the source in each. Raises
+    ``LayoutMismatchError`` on a rank whose tensors differ from the source's (every rank
+    learns of it: the check is agreed before any data)."""
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     start = time.perf_counter()
     is_src = dist.get_rank(group) == src
     specs = _source_specs(tensors, src=src, group=group)
-    mine = [Spec(n, t.dtype, tuple(t.shape)) for n, t in tensors.items()]
+    mine = [Spec.of(n, t) for n, t in tensors.items()]
     ok = torch.tensor([1 if is_src or mine == specs else 0], dtype=torch.int64)
     dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
     if not int(ok):
@@ -119,18 +133,21 @@ def share_state(
             _mismatch(mine, specs) if mine != specs else "another rank's differ"
         )
     for batch in _batches(specs, chunk_bytes):
+        device = batch[0].device
+        data_group = (device_groups or {}).get(device, group)
         if len(batch) == 1:  # a large tensor: sent from and received into its own memory
             target = tensors[batch[0].name]
             alone = _as_bytes(target)
-            dist.broadcast(alone, src=src, group=group)
+            dist.broadcast(alone, src=src, group=data_group)
             if not is_src and alone.data_ptr() != target.data_ptr():  # not contiguous
                 _fill(target, alone)
             continue
         if is_src:
             buffer = torch.cat([_as_bytes(tensors[s.name]) for s in batch])
         else:
-            buffer = torch.empty(sum(s.nbytes for s in batch), dtype=torch.uint8)
-        dist.broadcast(buffer, src=src, group=group)
+            size = sum(s.nbytes for s in batch)
+            buffer = torch.empty(size, dtype=torch.uint8, device=torch.device(device))
+        dist.broadcast(buffer, src=src, group=data_group)
         if not is_src:
             _unpack(buffer, batch, tensors)
     return Transfer(sum(s.nbytes for s in specs), time.perf_counter() - start)
@@ -141,9 +158,7 @@ def _source_specs(
 ) -> list[Spec]:
     """The source's names, dtypes and shapes, on every rank."""
     is_src = dist.get_rank(group) == src
-    box: list[object] = [
-        [Spec(n, t.dtype, tuple(t.shape)) for n, t in tensors.items()] if is_src else None
-    ]
+    box: list[object] = [[Spec.of(n, t) for n, t in tensors.items()] if is_src else None]
     dist.broadcast_object_list(box, src=src, group=group)
     specs = box[0]
     assert isinstance(specs, list)
@@ -157,16 +172,19 @@ def _mismatch(mine: list[Spec], theirs: list[Spec]) -> str:
     differ = [(a, b) for a, b in zip(mine, theirs, strict=True) if a != b]
     if differ:
         a, b = differ[0]
+        if a.device != b.device:
+            return f"{a.name}: here on {a.device}, at the source on {b.device}"
         return f"{a.name}: here {a.dtype} {a.shape}, at the source {b.dtype} {b.shape}"
     return "the same tensors in another order"
 
 
 def _batches(specs: list[Spec], chunk_bytes: int) -> Iterator[list[Spec]]:
-    """Consecutive runs of tensors of at most ``chunk_bytes`` (a larger tensor alone)."""
+    """Consecutive runs of tensors on one device of at most ``chunk_bytes`` (a larger tensor
+    alone)."""
     batch: list[Spec] = []
     size = 0
     for spec in specs:
-        if batch and size + spec.nbytes > chunk_bytes:
+        if batch and (size + spec.nbytes > chunk_bytes or spec.device != batch[0].device):
             yield batch
             batch, size = [], 0
         batch.append(spec)

@@ -163,6 +163,17 @@ class World:
             raise RuntimeError("this rank is not in its own world's gloo group")
         return group
 
+    def device_groups(self) -> dict[str, dist.ProcessGroup]:
+        """The group that carries each device type's tensors in a state transfer (after
+        ``join``; ``peers.share_state``): on GPUs the world's NCCL group for CUDA tensors,
+        GPU to GPU; none on CPU, where the state group (gloo) carries everything."""
+        if self.backend != "nccl":
+            return {}
+        world = dist.group.WORLD
+        if not isinstance(world, dist.ProcessGroup):
+            raise RuntimeError("the world's NCCL group is not formed (join first)")
+        return {"cuda": world}
+
     def leave(self) -> None:
         """Destroy the process groups (nothing if the world was never joined)."""
         if dist.is_initialized():
