@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from e2e.cluster import karpenter as kp  # noqa: E402
 from e2e.cluster.api import wait_for  # noqa: E402
+from e2e.cluster.components import has_condition  # noqa: E402
 from e2e.cluster.controlplane import down, up  # noqa: E402
 from e2e.cluster.state import ClusterDirs, State  # noqa: E402
 
@@ -102,8 +103,7 @@ class Watch:
 
     def on_node(self, kind: str, old: JsonDict | None, new: JsonDict | None) -> None:
         name = ((new or {}).get("metadata") or {}).get("name")
-        conditions = ((new or {}).get("status") or {}).get("conditions") or []
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        ready = has_condition(new or {}, "Ready")
         taints = {t.get("key") for t in ((new or {}).get("spec") or {}).get("taints") or []}
         if name and ready and not taints & STARTUP_TAINTS and name not in self.node_ready:
             self.node_ready[name] = time.monotonic()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .api import Api, ApiStatusError, wait_for
+from .components import has_condition
 from .fleet import FLEET_LABEL, Fleet
 from .state import ClusterError, say
 
@@ -27,8 +28,7 @@ def kube_version(bindir: Path) -> str:
 
 
 def node_ready(node: dict[str, Any]) -> bool:
-    conditions = node.get("status", {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return has_condition(node, "Ready")
 
 
 def list_nodes(api: Api, selector: str) -> list[dict[str, Any]]:

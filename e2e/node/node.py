@@ -38,6 +38,7 @@ from e2e.cluster.components import (
     REAL_POD_CIDR,
     REAL_SERVICE_CIDR,
     free_ports,
+    has_condition,
     tail,
     write_kubeconfig,
 )
@@ -503,8 +504,7 @@ def _node_ready(api: Api, name: str) -> bool:
         if err.status == 404:
             return False
         raise
-    conditions = node.get("status", {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return has_condition(node, "Ready")
 
 
 def start(layout: ClusterDirs, state: State, bindir: Path, *, images: list[str]) -> dict[str, Any]:

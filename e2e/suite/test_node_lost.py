@@ -33,6 +33,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from e2e.cluster.components import has_condition
 from e2e.elasticjob import RUNNING_STEPS, Elastra, JobRun, example_job
 from e2e.install import checkpoint_storage, remove_checkpoint_storage
 from e2e.kube import Kubectl, KubeError, wait_for
@@ -108,8 +109,7 @@ def node_job(elastra: Elastra, target: Target) -> Iterator[tuple[JobRun, dict[st
 
 
 def node_ready(kube: Kubectl, node: str) -> bool:
-    conditions = (kube.get("node", node).get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return has_condition(kube.get("node", node), "Ready")
 
 
 def operator_node(elastra: Elastra) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.cluster.api import wait_for
+from e2e.cluster.components import has_condition
 from e2e.cluster.fleet import FLEET_LABEL, load_fleet
 
 from tests.integration.conftest import FLEET, LocalCluster, gpu_pod
@@ -20,8 +21,7 @@ FLEET_FILE = Path(__file__).resolve().parents[2] / "e2e" / "fleets" / f"{FLEET}.
 
 
 def _ready(node: dict[str, Any]) -> bool:
-    conditions = node["status"].get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return has_condition(node, "Ready")
 
 
 def _pod(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from e2e.cluster.api import wait_for
+from e2e.cluster.components import has_condition
 
 from elastra.controller.decide.capacity import node_inventory
 from elastra.controller.engine.nodewarnings import warn
@@ -84,8 +85,7 @@ def nodes(cluster: LocalCluster) -> Iterator[dict[str, str]]:
 
 
 def ready(node: dict[str, Any]) -> bool:
-    conditions = node["status"].get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return has_condition(node, "Ready")
 
 
 def node_events(cluster: LocalCluster, name: str) -> list[dict[str, Any]]:

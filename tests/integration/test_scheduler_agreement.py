@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from e2e.cluster.api import wait_for
+from e2e.cluster.components import has_condition
 
 from elastra.planner.eligibility import fit_reason
 from elastra.planner.inventory import parse_inventory
@@ -64,8 +65,7 @@ def _listed(cluster: LocalCluster, kind: str, selector: str, namespace: str = ""
 
 
 def _settled(node: dict[str, Any]) -> bool:
-    conditions = node.get("status", {}).get("conditions") or []
-    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    ready = has_condition(node, "Ready")
     taints = node.get("spec", {}).get("taints") or []
     return ready and not any(t["key"] in TRANSIENT_TAINTS for t in taints)
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from e2e.cluster.api import wait_for
+from e2e.cluster.components import has_condition
 from e2e.cluster.fleet import parse_fleet
 
 from tests.integration.conftest import LocalCluster
@@ -225,8 +226,7 @@ def private_nodes(pool: NodePool) -> list[str]:
 
 
 def _ready(node: dict[str, Any]) -> bool:
-    conditions = (node.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return has_condition(node, "Ready")
 
 
 def gpu_job(name: str, *, replicas: int, gpus: int = 8, **spec: Any) -> dict[str, Any]:
