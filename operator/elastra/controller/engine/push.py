@@ -5,8 +5,8 @@ kubelet sometimes remounts that file with the old content and writes the new one
 pod's next periodic sync, 10 to 90 s later (``decide.assignment_key``). So after a patch
 that changes a pod's assignment, the operator also POSTs the same JSON to the pod's agent on
 the metrics port it already reads progress from, signed with the operator's private key for
-that pod (``decide.assignment_key``). The agent takes
-it only when it is a newer world version than its file says (``elastra_worker.push``).
+that pod's uid. The agent takes it only when it is a newer world version than its file says
+(``elastra_worker.push``).
 
 A push is best effort and never holds a pass: it runs as a task beside it, to pods running
 on real nodes only (never to a simulated node's address, like the progress reader), and its
@@ -72,7 +72,8 @@ class AssignmentPusher:
             if address is None or not body:
                 return False
             name = str(meta.get("name") or "")
-            job = (str(meta.get("namespace") or ""), str((meta.get("labels") or {}).get(LABEL_JOB)))
+            labels = meta.get("labels") or {}
+            job = (str(meta.get("namespace") or ""), str(labels.get(LABEL_JOB) or ""))
             task = asyncio.create_task(
                 self._send(
                     agent_url(address, self.settings.metrics_port, PUSH_PATH),
