@@ -154,7 +154,6 @@ def namespaced_attributes(watched: str, other: str) -> list[tuple[dict[str, str]
         ("", "pods", "patch"),
         ("", "pods", "delete"),
         ("", "services", "create"),
-        ("", "secrets", "create"),
         ("networking.k8s.io", "networkpolicies", "create"),
     ]
     cases = []
@@ -168,7 +167,8 @@ def namespaced_attributes(watched: str, other: str) -> list[tuple[dict[str, str]
         ({"verb": "delete", "resource": "networkpolicies", "group": "networking.k8s.io",
           "namespace": watched}, False),
         ({"verb": "update", "resource": "pods", "namespace": watched}, False),
-        ({"verb": "get", "resource": "secrets", "namespace": watched}, False),  # create only
+        ({"verb": "get", "resource": "secrets", "namespace": watched}, False),
+        ({"verb": "create", "resource": "secrets", "namespace": watched}, False),
     ]  # fmt: skip
     return cases
 
