@@ -141,7 +141,7 @@ def test_e_thirty_percent_failed_at_once_is_one_resize(
     ]
     messages = "; ".join(e["message"] for e in jobs.events("burst"))
     assert failed[0]["fromReplicas"] == 10 and failed[0]["toReplicas"] == 7, messages
-    assert healed["restarts"] == 1
+    assert healed["restarts"] == 1, (healed["resizes"], messages)
 
 
 SMALL_GPT = {
