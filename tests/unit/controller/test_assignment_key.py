@@ -3,11 +3,12 @@ replica of the chart) signs as the pods of running jobs expect."""
 
 from __future__ import annotations
 
+from elastra.api import parse_trainingjob
 from elastra.controller.decide.assignment_key import signing_key
 from elastra.controller.decide.manifests import assignment_json
 from elastra.controller.settings import OperatorSettings
 from elastra_worker.push import PushedAssignments, public_key_text, sign
-from tests.unit.controller.test_push import gpt
+from tests.cases.specs import base_manifest
 
 SEED = b"48 random characters, as the chart's Secret holds"
 
@@ -26,6 +27,10 @@ def test_a_push_signed_after_a_restart_is_taken_by_a_pod_made_before_it() -> Non
     pod = PushedAssignments(public_key_text(signing_key(SEED)), "uid-1")
     restarted = signing_key(SEED)
     body = assignment_json(
-        gpt(), version=4, rank=None, stop=False, settings=OperatorSettings()
+        parse_trainingjob(base_manifest()),
+        version=4,
+        rank=None,
+        stop=False,
+        settings=OperatorSettings(),
     ).encode()
     assert pod.accept(body, sign(restarted, "uid-1", body)) == (200, "taken")

@@ -24,9 +24,10 @@ from typing import Any
 import aiohttp
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from elastra.controller.decide.manifests import ANNOTATION_ASSIGNMENT, LABEL_JOB
+from elastra.controller.decide.manifests import ANNOTATION_ASSIGNMENT
 from elastra.controller.decide.observe import agent_url, pod_address
 from elastra.controller.engine import metrics
+from elastra.controller.engine.snapshot import job_of
 from elastra.controller.settings import OperatorSettings
 from elastra_worker.push import NOT_NEWER, PUSH_PATH, SIGNATURE_HEADER, TAKEN, public_key_text, sign
 
@@ -69,11 +70,10 @@ class AssignmentPusher:
             address = pod_address(pod, node, self.settings.skip_metrics_labels)
             meta = pod.get("metadata") or {}
             body = str((meta.get("annotations") or {}).get(ANNOTATION_ASSIGNMENT) or "")
-            if address is None or not body:
+            job = job_of(pod)
+            if address is None or not body or job is None:
                 return False
             name = str(meta.get("name") or "")
-            labels = meta.get("labels") or {}
-            job = (str(meta.get("namespace") or ""), str(labels.get(LABEL_JOB) or ""))
             task = asyncio.create_task(
                 self._send(
                     agent_url(address, self.settings.metrics_port, PUSH_PATH),
