@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from elastra.controller.decide.manifests import LABEL_JOB
+from elastra.controller.engine.agents import AgentClient
 from elastra.controller.engine.leader import LeaderElector
 from elastra.controller.engine.nodeliveness import NodeLiveness
 from elastra.controller.engine.snapshot import ClusterSnapshot
@@ -171,8 +172,14 @@ async def liveness_running(
         snapshot = ClusterSnapshot.watching(kube, priority_classes=False)
         leader = LeaderElector(kube=kube, namespace="default", me="test", leading=True)
         settings = replace(OperatorSettings(), metrics_port=port)
+        agents = AgentClient()
         liveness = NodeLiveness.watching(
-            kube, snapshot, leader=leader, settings=settings, wake_jobs=lambda: woken.append(1)
+            kube,
+            snapshot,
+            leader=leader,
+            settings=settings,
+            wake_jobs=lambda: woken.append(1),
+            agents=agents,
         )
         tasks = [asyncio.create_task(i.run()) for i in (*snapshot.informers, liveness.leases)]
         try:
@@ -184,6 +191,7 @@ async def liveness_running(
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*tasks)
+            await agents.close()
 
 
 def seen(liveness: NodeLiveness, snapshot: ClusterSnapshot, namespace: str, node: str) -> bool:

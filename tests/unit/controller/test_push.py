@@ -8,8 +8,10 @@ the operator puts in every worker's environment: a push it takes is one a pod wo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +21,12 @@ from prometheus_client import REGISTRY
 from elastra.api import TrainingJob, parse_trainingjob
 from elastra.controller.decide.assignment_key import signing_key
 from elastra.controller.decide.manifests import ANNOTATION_ASSIGNMENT, LABEL_JOB, assignment_json
+from elastra.controller.engine.agents import AgentClient
 from elastra.controller.engine.push import AssignmentPusher
 from elastra.controller.settings import OperatorSettings
 from elastra_worker.launcher import free_port
 from elastra_worker.metrics import WorkerCollector, serve
-from elastra_worker.push import PushedAssignments
+from elastra_worker.push import PushedAssignments, public_key_text
 from tests.cases.specs import base_manifest
 
 SEED = b"operator-key-" * 3
@@ -75,14 +78,22 @@ class Agent:
 @pytest.fixture
 def agent() -> Agent:
     """The pod's agent, with the public key the operator of ``SEED`` gives its pods."""
-    pushes = PushedAssignments(pusher_to(0).public_key, POD_UID)
+    pushes = PushedAssignments(public_key_text(signing_key(SEED)), POD_UID)
     port = free_port()
     serve(port, WorkerCollector(dict, dict), warm=lambda: True, pushes=pushes)
     return Agent(port, pushes)
 
 
-def pusher_to(port: int, seed: bytes = SEED) -> AssignmentPusher:
-    return AssignmentPusher(OperatorSettings(metrics_port=port), signing_key(seed))
+@contextlib.asynccontextmanager
+async def pusher_to(port: int, seed: bytes = SEED) -> AsyncIterator[AssignmentPusher]:
+    """The operator's pusher to agents on ``port``, over its own agents' session."""
+    agents = AgentClient()
+    pusher = AssignmentPusher(OperatorSettings(metrics_port=port), signing_key(seed), agents)
+    try:
+        yield pusher
+    finally:
+        await pusher.close()
+        await agents.close()
 
 
 def pushes(result: str) -> float:
@@ -99,17 +110,16 @@ async def counted(result: str, before: float, *, timeout: float = 10.0) -> None:
 
 def test_a_patched_assignment_reaches_the_agent_signed_for_its_pod(agent: Agent) -> None:
     async def scenario() -> None:
-        pusher = pusher_to(agent.port)
-        push = pusher.to_pods(NODES.get)
-        before = pushes("taken")
-        assert push(pod(3))
-        await counted("taken", before)
-        assert agent.version() == 3
-        stale = pushes("stale")
-        assert push(pod(2))  # a push overtaken by a newer one is answered, not taken
-        await counted("stale", stale)
-        assert agent.version() == 3
-        await pusher.close()
+        async with pusher_to(agent.port) as pusher:
+            push = pusher.to_pods(NODES.get)
+            before = pushes("taken")
+            assert push(pod(3))
+            await counted("taken", before)
+            assert agent.version() == 3
+            stale = pushes("stale")
+            assert push(pod(2))  # a push overtaken by a newer one is answered, not taken
+            await counted("stale", stale)
+            assert agent.version() == 3
 
     asyncio.run(scenario())
 
@@ -125,12 +135,11 @@ def test_a_push_not_signed_by_this_operator_for_this_pod_is_refused(
     agent: Agent, seed: bytes, uid: str
 ) -> None:
     async def scenario() -> None:
-        other = pusher_to(agent.port, seed)
-        before = pushes("refused")
-        assert other.to_pods(NODES.get)(pod(3, uid=uid))
-        await counted("refused", before)
-        assert agent.version() is None
-        await other.close()
+        async with pusher_to(agent.port, seed) as other:
+            before = pushes("refused")
+            assert other.to_pods(NODES.get)(pod(3, uid=uid))
+            await counted("refused", before)
+            assert agent.version() is None
 
     asyncio.run(scenario())
 
@@ -141,15 +150,14 @@ def test_refused_pushes_are_logged_once_per_job(
     """Pods that hold another operator's key refuse every push: one line says so per job."""
 
     async def scenario() -> None:
-        other = pusher_to(agent.port, b"another-key-" * 3)
-        push = other.to_pods(NODES.get)
-        for version in (3, 4, 5):
-            before = pushes("refused")
-            assert push(pod(version))
-            await counted("refused", before)
-            if version == 4:
-                other.forget("team-a", "gpt")  # the job deleted; one of that name again
-        await other.close()
+        async with pusher_to(agent.port, b"another-key-" * 3) as other:
+            push = other.to_pods(NODES.get)
+            for version in (3, 4, 5):
+                before = pushes("refused")
+                assert push(pod(version))
+                await counted("refused", before)
+                if version == 4:
+                    other.forget("team-a", "gpt")  # the job deleted; one of that name again
 
     logger = "elastra.controller.engine.push"
     caplog.set_level(logging.DEBUG, logger=logger)
@@ -172,10 +180,8 @@ def test_no_push_where_no_agent_of_the_pod_can_answer(
     agent: Agent, answer: dict[str, Any] | None
 ) -> None:
     async def scenario() -> bool:
-        pusher = pusher_to(agent.port)
-        started = pusher.to_pods(NODES.get)(answer)
-        await pusher.close()
-        return started
+        async with pusher_to(agent.port) as pusher:
+            return pusher.to_pods(NODES.get)(answer)
 
     assert not asyncio.run(scenario())
     assert agent.version() is None
@@ -183,10 +189,9 @@ def test_no_push_where_no_agent_of_the_pod_can_answer(
 
 def test_an_agent_that_does_not_answer_costs_the_pass_nothing() -> None:
     async def scenario() -> None:
-        pusher = pusher_to(free_port())  # nothing listens there
-        before = pushes("unreachable")
-        assert pusher.to_pods(NODES.get)(pod(3))  # returns at once, the push runs on
-        await counted("unreachable", before)
-        await pusher.close()
+        async with pusher_to(free_port()) as pusher:  # nothing listens there
+            before = pushes("unreachable")
+            assert pusher.to_pods(NODES.get)(pod(3))  # returns at once, the push runs on
+            await counted("unreachable", before)
 
     asyncio.run(scenario())

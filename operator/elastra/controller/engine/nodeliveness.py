@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -34,6 +34,7 @@ import aiohttp
 from elastra.controller.decide.manifests import LABEL_JOB
 from elastra.controller.decide.observe import simulated
 from elastra.controller.decide.passplan import EventType
+from elastra.controller.engine.agents import AgentClient, deadline
 from elastra.controller.engine.leader import LeaderElector
 from elastra.controller.engine.reconcile import utc_now
 from elastra.controller.engine.snapshot import ClusterSnapshot
@@ -54,9 +55,6 @@ from elastra.kube.informer import Informer
 
 log = logging.getLogger("elastra.operator")
 
-Probe = Callable[[str], Awaitable[str | None]]
-"""Asks one worker address (``ip:port``) for a heartbeat: its page (any HTTP answer counts,
-an error page reads empty), or ``None`` when it did not answer."""
 MAX_PAGE_BYTES = 64 << 10
 """Read of a worker's page: the few hundred bytes of an agent's metrics, never more."""
 
@@ -159,11 +157,10 @@ class NodeLiveness:
     settings: OperatorSettings
     leases: Informer
     wake_jobs: Callable[[], None]
-    probe: Probe | None = None
-    """Ask a worker (tests give their own); ``None``: an HTTP GET of its metrics page."""
+    agents: AgentClient
+    """Whom a worker is asked through: an HTTP GET of its metrics page."""
     clock: Callable[[], datetime] = utc_now
     _seen: dict[str, _Seen] = field(default_factory=dict)
-    _session: aiohttp.ClientSession | None = None
 
     @classmethod
     def watching(
@@ -174,12 +171,13 @@ class NodeLiveness:
         leader: LeaderElector,
         settings: OperatorSettings,
         wake_jobs: Callable[[], None],
+        agents: AgentClient,
     ) -> NodeLiveness:
         """The task over an informer of every node's Lease."""
         leases = resources.node_leases_informer(
             kube, slim_lease, watch_timeout_s=settings.watch_timeout.total_seconds()
         )
-        return cls(kube, snapshot, leader, settings, leases, wake_jobs)
+        return cls(kube, snapshot, leader, settings, leases, wake_jobs, agents)
 
     async def run(self) -> None:
         """Follow the Leases, and judge the nodes once per ``PROBE_INTERVAL``."""
@@ -192,8 +190,6 @@ class NodeLiveness:
                 await asyncio.sleep(PROBE_INTERVAL.total_seconds())
         finally:
             watching.cancel()
-            if self._session is not None:
-                await self._session.close()
 
     async def tick(self) -> list[str]:
         """One round: note renewals, ask each job's sentinel worker, ask the workers of the
@@ -312,15 +308,16 @@ class NodeLiveness:
 
     async def _ask(self, workers: Iterable[Worker]) -> list[str | None]:
         port = self.settings.metrics_port
-        probe = self.probe or self._http_probe
-        return list(await asyncio.gather(*(probe(f"{w.ip}:{port}") for w in workers)))
+        return list(await asyncio.gather(*(self._probe(f"{w.ip}:{port}") for w in workers)))
 
-    async def _http_probe(self, address: str) -> str | None:
-        if self._session is None:
-            timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT.total_seconds())
-            self._session = aiohttp.ClientSession(timeout=timeout)
+    async def _probe(self, address: str) -> str | None:
+        """A heartbeat from one worker address (``ip:port``): its metrics page (any HTTP answer
+        counts, an error page reads empty), or ``None`` when it did not answer in time."""
+        timeout = deadline(PROBE_TIMEOUT.total_seconds())
         try:
-            async with self._session.get(f"http://{address}/metrics") as reply:
+            async with self.agents.session.get(
+                f"http://{address}/metrics", timeout=timeout
+            ) as reply:
                 if reply.status != 200:
                     return ""
                 body = await reply.content.read(MAX_PAGE_BYTES)

@@ -35,6 +35,7 @@ from prometheus_client import start_http_server
 from elastra.controller.decide.assignment_key import signing_key
 from elastra.controller.decide.placeholders import priority_class
 from elastra.controller.engine import metrics
+from elastra.controller.engine.agents import AgentClient
 from elastra.controller.engine.handlers import Runtime, register
 from elastra.controller.engine.leader import LeaderElector, identity
 from elastra.controller.engine.nodeliveness import NodeLiveness
@@ -96,8 +97,9 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
     leader = LeaderElector(
         kube=kube, namespace=options.lease_namespace, me=identity(), create=options.create_lease
     )
-    progress = ProgressReader(options.settings)
-    pusher = _assignment_pusher(options)
+    agents = AgentClient()
+    progress = ProgressReader(options.settings, agents)
+    pusher = _assignment_pusher(options, agents)
     snapshot = ClusterSnapshot.watching(
         kube,
         watch_timeout_s=options.settings.watch_timeout.total_seconds(),
@@ -123,7 +125,7 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
     warnings.listen()
     informing.append(asyncio.create_task(warnings.run(), name="node warnings"))
     liveness = NodeLiveness.watching(
-        kube, snapshot, leader=leader, settings=rt.settings, wake_jobs=rt.poke_all
+        kube, snapshot, leader=leader, settings=rt.settings, wake_jobs=rt.poke_all, agents=agents
     )
     informing.append(asyncio.create_task(liveness.run(), name="node liveness"))
     rt.background = [electing, *informing]
@@ -152,12 +154,12 @@ async def serve(options: RunOptions, *, stop: asyncio.Event | None = None) -> No
         with contextlib.suppress(ApiError, OSError):
             await leader.release()
         await rt.stop_all()
-        await progress.close()
         await pusher.close()
+        await agents.close()
         await kube.close()
 
 
-def _assignment_pusher(options: RunOptions) -> AssignmentPusher:
+def _assignment_pusher(options: RunOptions, agents: AgentClient) -> AssignmentPusher:
     """The pusher, its key pair the seed's or, without one, a key pair of this run: then a
     restarted operator's pushes to the pods of jobs it found running are refused (their spec
     holds the old public key), and those pods learn assignments from their file alone."""
@@ -167,7 +169,7 @@ def _assignment_pusher(options: RunOptions) -> AssignmentPusher:
             "this run only; after a restart, jobs already running learn theirs from the pod "
             "file alone (the Helm chart gives the operator a lasting key)"
         )
-    return AssignmentPusher(options.settings, signing_key(options.assignment_key))
+    return AssignmentPusher(options.settings, signing_key(options.assignment_key), agents)
 
 
 async def _with_request_class(kube: Kube, settings: OperatorSettings) -> OperatorSettings:

@@ -28,6 +28,7 @@ from elastra.controller.decide.observe import (
     parse_metrics,
     rank0_address,
 )
+from elastra.controller.engine.agents import AgentClient, deadline
 from elastra.controller.settings import OperatorSettings
 
 JsonDict = Mapping[str, Any]
@@ -38,13 +39,15 @@ MAX_METRICS_BYTES = 1 << 20
 _CHUNK = 64 << 10
 
 
-async def fetch_metrics(session: aiohttp.ClientSession, url: str) -> WorkerProgress | None:
+async def fetch_metrics(
+    session: aiohttp.ClientSession, url: str, *, timeout: aiohttp.ClientTimeout | None = None
+) -> WorkerProgress | None:
     """Rank 0's progress from ``url``; None when it does not answer 200 or sends too much.
 
     Reads at most ``MAX_METRICS_BYTES`` (plus one chunk), so a broken or hostile worker cannot
     make the operator hold its page in memory.
     """
-    async with session.get(url) as reply:
+    async with session.get(url, timeout=timeout) as reply:
         if reply.status != 200:
             return None
         if (reply.content_length or 0) > MAX_METRICS_BYTES:
@@ -64,10 +67,10 @@ class ProgressReader:
     """Reads rank 0's metrics for each job, no more often than ``interval_s``."""
 
     settings: OperatorSettings
+    agents: AgentClient
     interval_s: float = 30.0
     timeout_s: float = 2.0
     _last: dict[tuple[str, str], float] = field(default_factory=dict)
-    _session: aiohttp.ClientSession | None = None
 
     async def read(
         self, job: TrainingJob, pods: Sequence[JsonDict], nodes: Sequence[JsonDict]
@@ -81,21 +84,13 @@ class ProgressReader:
         if now - self._last.get(key, -1e9) < self.interval_s:
             return None, True
         self._last[key] = now
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s)
-            )
         url = agent_url(address, self.settings.metrics_port, "/metrics")
         try:
-            return await fetch_metrics(self._session, url), True
+            page = await fetch_metrics(self.agents.session, url, timeout=deadline(self.timeout_s))
+            return page, True
         except (TimeoutError, aiohttp.ClientError, OSError):
             return None, True
 
     def forget(self, namespace: str, name: str) -> None:
         """A deleted job's timer."""
         self._last.pop((namespace, name), None)
-
-    async def close(self) -> None:
-        """Close the HTTP session."""
-        if self._session is not None:
-            await self._session.close()

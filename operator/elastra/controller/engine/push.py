@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from elastra.controller.decide.manifests import ANNOTATION_ASSIGNMENT
 from elastra.controller.decide.observe import agent_url, pod_address
 from elastra.controller.engine import metrics
+from elastra.controller.engine.agents import AgentClient, deadline
 from elastra.controller.engine.snapshot import job_of
 from elastra.controller.settings import OperatorSettings
 from elastra_worker.push import NOT_NEWER, PUSH_PATH, SIGNATURE_HEADER, TAKEN, public_key_text, sign
@@ -43,13 +44,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class AssignmentPusher:
-    """Signs and sends pushed assignments; one per operator, its HTTP session shared."""
+    """Signs and sends pushed assignments; one per operator, over the agents' shared session."""
 
     settings: OperatorSettings
     key: Ed25519PrivateKey
     """What signs every push (``decide.assignment_key.signing_key``)."""
+    agents: AgentClient
     timeout_s: float = 2.0
-    _session: aiohttp.ClientSession | None = None
     _inflight: set[asyncio.Task[None]] = field(default_factory=set)
     _refusals_logged: set[tuple[str, str]] = field(default_factory=set)
     """Jobs (namespace, name) whose refused pushes were logged: a job whose pods hold another
@@ -95,13 +96,12 @@ class AssignmentPusher:
     ) -> None:
         """POST one assignment; count and log how it went, raise nothing."""
         where = f"{job[0]}/{pod}"
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s)
-            )
         headers = {SIGNATURE_HEADER: signed, "Content-Type": "application/json"}
+        post = self.agents.session.post
         try:
-            async with self._session.post(url, data=body, headers=headers) as answer:
+            async with post(
+                url, data=body, headers=headers, timeout=deadline(self.timeout_s)
+            ) as answer:
                 said = (await answer.content.read(MAX_ANSWER_BYTES)).decode(errors="replace")
                 status = answer.status
         except (TimeoutError, aiohttp.ClientError, OSError) as err:
@@ -127,12 +127,10 @@ class AssignmentPusher:
         self._refusals_logged.discard((namespace, name))
 
     async def close(self) -> None:
-        """End the pushes in flight and close the HTTP session."""
+        """End the pushes in flight (the agents' session is closed by its owner)."""
         for task in list(self._inflight):
             task.cancel()
         await asyncio.gather(*self._inflight, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
 
 
 def _result(status: int, said: str) -> str:

@@ -1,0 +1,38 @@
+"""The operator's one HTTP client to worker agents.
+
+Three tasks talk to the agents on the same metrics port: the progress reader (rank 0's page,
+``progress.py``), the liveness probes (the workers of a suspect node, ``nodeliveness.py``) and
+the pushed assignments (``push.py``). One session gives them one pool of connections, so a push
+to a pod reuses the connection its progress read left open, and one place closes it at
+shutdown. Each request sets its own deadline (``timeout``): a probe must answer within a
+second, a page or a push within two.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+
+
+def deadline(seconds: float) -> aiohttp.ClientTimeout:
+    """A request's whole time limit (connect, send, read)."""
+    return aiohttp.ClientTimeout(total=seconds)
+
+
+class AgentClient:
+    """The shared session, opened at its first request (it needs a running event loop)."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The session; requests give their own ``timeout`` (``deadline``)."""
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def close(self) -> None:
+        """Close the pool (the operator's shutdown; tests at their end)."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
