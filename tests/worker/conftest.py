@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from elastra_worker.stalls import STALL_DUMP_ENV
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "worker_image" / "examples" / "train_tiny_gpt.py"
 STEPS = 21  # every bitwise run in these tests trains 21 steps of the same job
@@ -27,6 +29,9 @@ STEPS = 21  # every bitwise run in these tests trains 21 steps of the same job
 def quiet_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update({"ELASTRA_THREADS": "1", "OMP_NUM_THREADS": "1", "ELASTRA_METRICS_PORT": "0"})
+    # a trainer that makes no step for a minute writes its stacks to the run's output, inside
+    # the launcher's world timeout (120 s), so a hung test says where its ranks wait
+    env.setdefault(STALL_DUMP_ENV, "60")
     return env
 
 

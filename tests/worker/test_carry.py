@@ -135,7 +135,7 @@ def run(tmp: Path, case: Case, *, in_memory: bool) -> tuple[LocalRun, list[str]]
         },
         timeout=600,
     )
-    assert result.returncode == 0, result.output[-3000:]
+    assert result.returncode == 0, result.output[-12000:]  # stacks of a stalled rank included
     reads = audit.read_text().splitlines() if audit.exists() else []
     # a checkpoint's state: shards, DCP metadata, manifest (committing a save reads the
     # ``latest`` pointer beside them while it prunes; the job's first world finds no step)
