@@ -6,6 +6,12 @@ the pushed assignments (``push.py``). One session gives them one pool of connect
 to a pod reuses the connection its progress read left open, and one place closes it at
 shutdown. Each request sets its own deadline (``timeout``): a probe must answer within a
 second, a page or a push within two.
+
+The pool has no cap on connections (aiohttp's default is 100 per session): a deadline counts
+the wait for a free connection, so with a cap, a burst of pushes to pods that do not answer
+(a lost node's, each held for its two seconds) would keep a liveness probe of a live worker
+waiting past its second, and a live node would read as silent. Each caller bounds itself
+instead: a probe per worker of a suspect node, a page per job, a push per changed pod.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ class AgentClient:
     def session(self) -> aiohttp.ClientSession:
         """The session; requests give their own ``timeout`` (``deadline``)."""
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         return self._session
 
     async def close(self) -> None:
