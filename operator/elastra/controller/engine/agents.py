@@ -2,10 +2,10 @@
 
 Three tasks talk to the agents on the same metrics port: the progress reader (rank 0's page,
 ``progress.py``), the liveness probes (the workers of a suspect node, ``nodeliveness.py``) and
-the pushed assignments (``push.py``). One session gives them one pool of connections, so a push
-to a pod reuses the connection its progress read left open, and one place closes it at
-shutdown. Each request sets its own deadline (``timeout``): a probe must answer within a
-second, a page or a push within two.
+the pushed assignments (``push.py``). One session gives them one pool of connections and one
+place that closes it at shutdown (the agent's server closes each connection after its answer,
+so the pool saves sessions, not handshakes). Each request sets its own deadline
+(``timeout``): a probe must answer within a second, a page or a push within two.
 
 The pool has no cap on connections (aiohttp's default is 100 per session): a deadline counts
 the wait for a free connection, so with a cap, a burst of pushes to pods that do not answer
