@@ -33,7 +33,7 @@ class AgentClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         """The session; requests give their own ``timeout`` (``deadline``)."""
-        if self._session is None or self._session.closed:
+        if self._session is None:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         return self._session
 
